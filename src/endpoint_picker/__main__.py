@@ -1,0 +1,3 @@
+from endpoint_picker.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""The exception tree of endpoint-picker.
+
+Every error carries a code; the edge (``extproc``, ``cli``) maps codes to HTTP statuses,
+gRPC statuses or exit codes, nothing below it does::
+
+    EppError
+    ├── ConfigError                 bad flags, pool file or scheduler config (exit 2)
+    └── RequestError                one request cannot be routed (an HTTP status)
+        ├── BadRequestError         400: malformed JSON, missing fields
+        ├── ModelNotFoundError      404: no InferenceModel serves the model
+        ├── TooManyRequestsError    429: a sheddable request to a saturated pool
+        ├── ServiceUnavailableError 503: no eligible ready endpoint
+        └── InternalError           500: unsupported processing mode, bugs
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(Enum):
+    """The error kinds, with the HTTP status and the OpenAI-style ``type`` of each."""
+
+    BAD_REQUEST = (400, "BadRequest")
+    NOT_FOUND = (404, "NotFound")
+    RESOURCE_EXHAUSTED = (429, "ResourceExhausted")
+    SERVICE_UNAVAILABLE = (503, "ServiceUnavailable")
+    INTERNAL = (500, "Internal")
+
+    @property
+    def http_status(self) -> int:
+        return self.value[0]
+
+    @property
+    def type_name(self) -> str:
+        return self.value[1]
+
+
+class EppError(Exception):
+    """The root of every error this package raises on purpose."""
+
+
+class ConfigError(EppError):
+    """A configuration input (flag, pool file, scheduler config) is invalid.
+
+    ``path`` names the field at fault, e.g. ``document 2 (InferenceModel "chat"): spec.criticality``.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class RequestError(EppError):
+    """One request cannot be routed; ``code`` says how the client is answered."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+class BadRequestError(RequestError):
+    code = ErrorCode.BAD_REQUEST
+
+
+class ModelNotFoundError(RequestError):
+    code = ErrorCode.NOT_FOUND
+
+
+class TooManyRequestsError(RequestError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class ServiceUnavailableError(RequestError):
+    code = ErrorCode.SERVICE_UNAVAILABLE
+
+
+class InternalError(RequestError):
+    code = ErrorCode.INTERNAL

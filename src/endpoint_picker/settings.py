@@ -1,0 +1,110 @@
+"""Settings: nested frozen dataclasses built once by the CLI, passed down by the app.
+
+Durations are seconds (float) everywhere inside; flags take Go-style units (``50ms``, ``2s``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from endpoint_picker.errors import ConfigError
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go duration (``1m30s``, ``50ms``, ``0``) into seconds; raise ``ConfigError``."""
+    raw = text.strip()
+    if raw == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(raw):
+        match = _DURATION_PART.match(raw, pos)
+        if match is None:
+            raise ConfigError(f"invalid duration {text!r} (use units such as 50ms, 2s, 1m30s)")
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if not raw:
+        raise ConfigError("empty duration")
+    return total
+
+
+def parse_bool(text: str) -> bool:
+    """Parse a boolean flag value the way Go's ``strconv.ParseBool`` does."""
+    lowered = text.strip().lower()
+    if lowered in {"1", "t", "true", "yes", "y", "on"}:
+        return True
+    if lowered in {"0", "f", "false", "no", "n", "off"}:
+        return False
+    raise ConfigError(f"invalid boolean {text!r} (use true or false)")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Listening sockets and shutdown."""
+
+    bind_address: str = "0.0.0.0"  # noqa: S104 - a pod must be reachable from its Gateway
+    grpc_port: int = 9002
+    grpc_health_port: int = 9003
+    metrics_port: int = 9090
+    secure_serving: bool = True
+    cert_path: Path | None = None  # a folder with tls.crt and tls.key; None: self-signed
+    drain_timeout: float = 30.0  # seconds open streams get to finish after SIGTERM
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """Where the pool comes from and how unknown models are treated."""
+
+    pool_file: Path | None = None
+    pool_name: str | None = None  # None: the only pool in the source
+    # None: the pool's API decides (v1alpha2 rejects unknown models, v1 passes them through)
+    allow_unknown_models: bool | None = None
+    reload_poll_interval: float = 0.25  # seconds between pool-file change checks
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingSettings:
+    """The scheduler: its config file and how many endpoints each pick returns."""
+
+    config_file: Path | None = None
+    max_fallback_endpoints: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSettings:
+    """Model-server metrics scraping."""
+
+    refresh_interval: float = 0.05
+    timeout: float = 1.0
+    staleness_threshold: float = 2.0
+    engine_label: str = "inference.networking.k8s.io/engine-type"
+    default_engine: str = "vllm"
+    # metric name overrides, e.g. {"vllm": {"queue": "my_queue_metric"}}
+    metric_overrides: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    format: str = "text"  # text | json
+    level: str = "info"  # debug | info | warning | error
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    pool: PoolSettings = field(default_factory=PoolSettings)
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
+    scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)

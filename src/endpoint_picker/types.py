@@ -1,0 +1,94 @@
+"""Core value types shared by every layer: endpoints, criticality, metrics snapshots."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Criticality(str, Enum):
+    """How important a request is (seed 004); only Sheddable requests are ever shed."""
+
+    CRITICAL = "Critical"
+    STANDARD = "Standard"
+    SHEDDABLE = "Sheddable"
+
+
+def format_hostport(address: str, port: int) -> str:
+    """``ip:port``; IPv6 addresses are bracketed (``[::1]:8000``)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def parse_hostport(text: str) -> tuple[str, int | None]:
+    """Parse ``ip:port``, ``[v6]:port``, a bare ``ip`` or a bare IPv6 address.
+
+    Returns the canonical address and the port (``None`` when absent). Raises ``ValueError``.
+    """
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep:
+            raise ValueError(f"unbalanced bracket in {text!r}")
+        port = int(rest[1:]) if rest.startswith(":") else None
+        if rest and port is None:
+            raise ValueError(f"bad port in {text!r}")
+        return str(ipaddress.IPv6Address(host)), port
+    if text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        return str(ipaddress.IPv4Address(host)), int(port_text)
+    return str(ipaddress.ip_address(text)), None
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One model-server endpoint: a port of a Ready pod in the pool."""
+
+    pod_name: str
+    namespace: str
+    address: str
+    port: int
+    labels: tuple[tuple[str, str], ...] = ()
+    hostport: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hostport", format_hostport(self.address, self.port))
+
+    def label(self, key: str, default: str = "") -> str:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """What the scheduler knows of one endpoint, as of ``updated_at`` (monotonic seconds).
+
+    ``updated_at == 0`` means never scraped. Swapped in whole, never mutated.
+    """
+
+    waiting_queue_size: int = 0
+    running_requests: int = 0
+    kv_cache_usage: float = 0.0
+    active_adapters: frozenset[str] = frozenset()
+    waiting_adapters: frozenset[str] = frozenset()
+    max_active_adapters: int = 0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    updated_at: float = 0.0
+
+
+EMPTY_METRICS = MetricsSnapshot()
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """An endpoint with its metrics as of one moment: what scheduling plugins read."""
+
+    endpoint: Endpoint
+    metrics: MetricsSnapshot
+
+    @property
+    def hostport(self) -> str:
+        return self.endpoint.hostport
