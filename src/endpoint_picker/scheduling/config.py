@@ -1,0 +1,213 @@
+"""The ``EndpointPickerConfig`` file: parsed once with ``yaml.safe_load`` into frozen dataclasses.
+
+The format is the reference EPP's, so its users' files work unchanged::
+
+    apiVersion: inference.networking.x-k8s.io/v1alpha1
+    kind: EndpointPickerConfig
+    plugins:                       # every plugin instance; name defaults to type
+    - type: queue-scorer
+    - name: fast-detector
+      type: utilization-detector
+      parameters: {queueDepthThreshold: 3}
+    schedulingProfiles:            # optional; without it one profile uses every plugin
+    - name: default
+      plugins:
+      - pluginRef: queue-scorer
+        weight: 2                  # scorers only; default 1
+
+This module checks the shape (keys, types, names, references) with exact paths; what a plugin
+*is* (filter, scorer, picker, ...) and whether its parameters are right is checked when the
+plugins are built (``build.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import yaml
+
+from endpoint_picker.errors import ConfigError
+
+API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+KIND = "EndpointPickerConfig"
+_TOP_KEYS = ("apiVersion", "kind", "plugins", "schedulingProfiles")
+_PLUGIN_KEYS = ("name", "type", "parameters")
+_PROFILE_KEYS = ("name", "plugins")
+_REF_KEYS = ("pluginRef", "weight")
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSpec:
+    """One entry of ``plugins``."""
+
+    name: str
+    type: str
+    parameters: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilePluginSpec:
+    """One entry of a profile's ``plugins``; ``weight`` is None when not given."""
+
+    plugin_ref: str
+    weight: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSpec:
+    name: str
+    plugins: tuple[ProfilePluginSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPickerConfig:
+    """A parsed, shape-checked config. ``profiles`` is empty when the file declared none."""
+
+    plugins: tuple[PluginSpec, ...]
+    profiles: tuple[ProfileSpec, ...]
+    source: str = "<config>"
+
+
+DEFAULT_CONFIG_YAML = f"""\
+apiVersion: {API_VERSION}
+kind: {KIND}
+plugins:
+- type: stale-metrics-filter
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: lora-affinity-scorer
+- type: max-score-picker
+- type: utilization-detector
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: stale-metrics-filter
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: lora-affinity-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+"""
+
+
+def parse_config(text: str, source: str = "<config>") -> EndpointPickerConfig:
+    """Parse YAML text and check its shape; raise ``ConfigError`` naming the field at fault."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if doc is None:
+        doc = {}
+    root = _mapping(doc, "", _TOP_KEYS, what="the config")
+    api_version = root.get("apiVersion")
+    if api_version != API_VERSION:
+        raise ConfigError(f'must be "{API_VERSION}", got {api_version!r}', "apiVersion")
+    if root.get("kind") != KIND:
+        raise ConfigError(f'must be "{KIND}", got {root.get("kind")!r}', "kind")
+    plugins = _parse_plugins(root.get("plugins"))
+    profiles = _parse_profiles(root.get("schedulingProfiles"), {p.name for p in plugins})
+    return EndpointPickerConfig(plugins, profiles, source)
+
+
+def _parse_plugins(raw: object) -> tuple[PluginSpec, ...]:
+    items = _list(raw, "plugins")
+    specs: list[PluginSpec] = []
+    first_at: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = f"plugins[{i}]"
+        entry = _mapping(item, path, _PLUGIN_KEYS, what="a plugin")
+        type_name = _string(entry.get("type"), f"{path}.type")
+        name = type_name if entry.get("name") is None else _string(entry["name"], f"{path}.name")
+        if name in first_at:
+            raise ConfigError(
+                f'duplicate plugin name "{name}" (first at plugins[{first_at[name]}])',
+                f"{path}.name",
+            )
+        first_at[name] = i
+        params = entry.get("parameters")
+        params_map = {} if params is None else _mapping(params, f"{path}.parameters", None)
+        specs.append(PluginSpec(name, type_name, MappingProxyType(dict(params_map))))
+    return tuple(specs)
+
+
+def _parse_profiles(raw: object, declared: set[str]) -> tuple[ProfileSpec, ...]:
+    items = _list(raw, "schedulingProfiles")
+    profiles: list[ProfileSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        path = f"schedulingProfiles[{i}]"
+        entry = _mapping(item, path, _PROFILE_KEYS, what="a profile")
+        name = _string(entry.get("name"), f"{path}.name")
+        if name in seen:
+            raise ConfigError(f'duplicate profile name "{name}"', f"{path}.name")
+        seen.add(name)
+        refs = _list(entry.get("plugins"), f"{path}.plugins")
+        if not refs:
+            raise ConfigError("a profile needs at least one plugin", f"{path}.plugins")
+        profiles.append(ProfileSpec(name, _parse_refs(refs, f"{path}.plugins", declared)))
+    return tuple(profiles)
+
+
+def _parse_refs(
+    refs: Sequence[object], path: str, declared: set[str]
+) -> tuple[ProfilePluginSpec, ...]:
+    specs: list[ProfilePluginSpec] = []
+    used: set[str] = set()
+    for j, item in enumerate(refs):
+        ref_path = f"{path}[{j}]"
+        entry = _mapping(item, ref_path, _REF_KEYS, what="a profile plugin")
+        ref = _string(entry.get("pluginRef"), f"{ref_path}.pluginRef")
+        if ref not in declared:
+            known = ", ".join(f'"{n}"' for n in sorted(declared)) or "none"
+            raise ConfigError(
+                f'unknown plugin "{ref}" (declared in plugins: {known})', f"{ref_path}.pluginRef"
+            )
+        if ref in used:
+            raise ConfigError(f'plugin "{ref}" is already in this profile', f"{ref_path}.pluginRef")
+        used.add(ref)
+        weight = entry.get("weight")
+        if weight is not None and (
+            isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0
+        ):
+            raise ConfigError("must be a number >= 0", f"{ref_path}.weight")
+        specs.append(ProfilePluginSpec(ref, None if weight is None else float(weight)))
+    return tuple(specs)
+
+
+def _mapping(
+    value: object, path: str, keys: Sequence[str] | None, *, what: str = "this"
+) -> Mapping[str, object]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} must be a mapping, got {_kind(value)}", path or "<root>")
+    for key in value:
+        if not isinstance(key, str):
+            raise ConfigError(f"keys must be strings, got {key!r}", path or "<root>")
+        if keys is not None and key not in keys:
+            raise ConfigError(f"unknown field (known: {', '.join(keys)})", _join(path, key))
+    return value
+
+
+def _list(value: object, path: str) -> Sequence[object]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"must be a list, got {_kind(value)}", path)
+    return value
+
+
+def _string(value: object, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError("must be a non-empty string", path)
+    return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__

@@ -1,0 +1,47 @@
+"""The built-in scheduling plugins and the function that registers them."""
+
+from __future__ import annotations
+
+from endpoint_picker.scheduling.plugins.filters import StaleMetricsFilter
+from endpoint_picker.scheduling.plugins.handlers import SingleProfileHandler
+from endpoint_picker.scheduling.plugins.pickers import (
+    MaxScorePicker,
+    RandomPicker,
+    WeightedRandomPicker,
+)
+from endpoint_picker.scheduling.plugins.scorers import (
+    KVCacheUtilizationScorer,
+    LoraAffinityScorer,
+    QueueScorer,
+    RunningRequestsSizeScorer,
+)
+from endpoint_picker.scheduling.registry import PluginRegistry
+from endpoint_picker.scheduling.saturation import UtilizationDetector
+
+__all__ = [
+    "KVCacheUtilizationScorer",
+    "LoraAffinityScorer",
+    "MaxScorePicker",
+    "QueueScorer",
+    "RandomPicker",
+    "RunningRequestsSizeScorer",
+    "SingleProfileHandler",
+    "StaleMetricsFilter",
+    "UtilizationDetector",
+    "WeightedRandomPicker",
+    "register_builtins",
+]
+
+
+def register_builtins(registry: PluginRegistry) -> None:
+    """Register every built-in plugin type under its reference-EPP type name."""
+    registry.register("stale-metrics-filter", StaleMetricsFilter.from_params)
+    registry.register("queue-scorer", QueueScorer.from_params)
+    registry.register("kv-cache-utilization-scorer", KVCacheUtilizationScorer.from_params)
+    registry.register("lora-affinity-scorer", LoraAffinityScorer.from_params)
+    registry.register("running-requests-size-scorer", RunningRequestsSizeScorer.from_params)
+    registry.register("random-picker", RandomPicker.from_params)
+    registry.register("max-score-picker", MaxScorePicker.from_params)
+    registry.register("weighted-random-picker", WeightedRandomPicker.from_params)
+    registry.register("utilization-detector", UtilizationDetector.from_params)
+    registry.register("single-profile-handler", SingleProfileHandler.from_params)

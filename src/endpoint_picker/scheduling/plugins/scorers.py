@@ -1,0 +1,97 @@
+"""Built-in scorers: each returns one score in [0, 1] per endpoint, higher is better."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from endpoint_picker.requests import LLMRequest
+from endpoint_picker.scheduling.registry import Params, PluginContext
+from endpoint_picker.types import EndpointState
+
+
+def _min_max_inverted(values: Sequence[float]) -> list[float]:
+    """Lowest value -> 1.0, highest -> 0.0, linear between; all equal -> 1.0 for all."""
+    low = min(values)
+    spread = max(values) - low
+    if spread == 0:
+        return [1.0] * len(values)
+    return [1.0 - (v - low) / spread for v in values]
+
+
+class QueueScorer:
+    """Prefers short waiting queues: the min-max normalised queue size, inverted."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> QueueScorer:
+        return cls()
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+        return _min_max_inverted([e.metrics.waiting_queue_size for e in endpoints])
+
+
+class RunningRequestsSizeScorer:
+    """Prefers endpoints running fewer requests: min-max normalised, inverted."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_params(
+        cls, name: str, params: Params, ctx: PluginContext
+    ) -> RunningRequestsSizeScorer:
+        return cls()
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+        return _min_max_inverted([e.metrics.running_requests for e in endpoints])
+
+
+class KVCacheUtilizationScorer:
+    """Prefers free KV cache: ``1 - usage`` (the runner clamps usage reported above 1)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> KVCacheUtilizationScorer:
+        return cls()
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+        return [1.0 - e.metrics.kv_cache_usage for e in endpoints]
+
+
+class LoraAffinityScorer:
+    """Prefers endpoints where the request's adapter (``target_model``) is cheap to serve.
+
+    In this precedence: the adapter is running (1.0); else a free adapter slot, counting
+    adapters both running and waiting to load (0.8); else the adapter is waiting to load
+    (0.6); else 0. A free slot ranks above "waiting" because a waiting adapter sits behind a
+    full set of running ones. A base model (no adapter) scores 0.8 where slots are free and 0
+    elsewhere, which only matters when the pool mixes LoRA and non-LoRA servers.
+    """
+
+    __slots__ = ("_free_slot", "_running", "_waiting")
+
+    def __init__(self, running: float = 1.0, free_slot: float = 0.8, waiting: float = 0.6) -> None:
+        self._running = running
+        self._free_slot = free_slot
+        self._waiting = waiting
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> LoraAffinityScorer:
+        return cls()
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+        adapter = request.target_model
+        running, free_slot, waiting = self._running, self._free_slot, self._waiting
+        scores: list[float] = []
+        for e in endpoints:
+            m = e.metrics
+            if adapter in m.active_adapters:
+                scores.append(running)
+            elif len(m.active_adapters) + len(m.waiting_adapters) < m.max_active_adapters:
+                scores.append(free_slot)
+            elif adapter in m.waiting_adapters:
+                scores.append(waiting)
+            else:
+                scores.append(0.0)
+        return scores

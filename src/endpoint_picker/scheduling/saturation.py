@@ -1,0 +1,63 @@
+"""Saturation detection: is every candidate endpoint too busy to take sheddable work?
+
+The director asks before scheduling a Sheddable request and answers 429 when the pool is
+saturated. Declared in the config's ``plugins`` list like the reference EPP's
+``utilization-detector``, but not part of any profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from endpoint_picker.scheduling.registry import Params, PluginContext
+from endpoint_picker.types import EndpointState
+
+
+@runtime_checkable
+class SaturationDetector(Protocol):
+    def is_saturated(self, candidates: Sequence[EndpointState]) -> bool:
+        """True when no candidate has room; an empty candidate list is saturated."""
+        ...
+
+
+class UtilizationDetector:
+    """Saturated when every candidate has a long queue, a full KV cache or stale metrics.
+
+    Stale metrics count as saturated because an endpoint we cannot see may be drowning; the
+    staleness bound here (200 ms) is much tighter than the stale-metrics filter's, since
+    shedding is for the pool's health, not for the one request.
+    """
+
+    __slots__ = ("_clock", "_kv", "_queue", "_staleness")
+
+    def __init__(
+        self,
+        *,
+        queue_depth_threshold: float = 5,
+        kv_cache_util_threshold: float = 0.8,
+        metrics_staleness_threshold: float = 0.2,
+        clock: Callable[[], float],
+    ) -> None:
+        self._queue = queue_depth_threshold
+        self._kv = kv_cache_util_threshold
+        self._staleness = metrics_staleness_threshold
+        self._clock = clock
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> UtilizationDetector:
+        return cls(
+            queue_depth_threshold=params.number("queueDepthThreshold", 5, minimum=0),
+            kv_cache_util_threshold=params.number("kvCacheUtilThreshold", 0.8, minimum=0),
+            metrics_staleness_threshold=params.duration("metricsStalenessThreshold", 0.2),
+            clock=ctx.clock,
+        )
+
+    def is_saturated(self, candidates: Sequence[EndpointState]) -> bool:
+        oldest = max(self._clock() - self._staleness, 1e-9)
+        queue, kv = self._queue, self._kv
+        for e in candidates:
+            m = e.metrics
+            if m.updated_at >= oldest and m.waiting_queue_size <= queue and m.kv_cache_usage <= kv:
+                return False
+        return True
