@@ -1,0 +1,70 @@
+"""The stale-metrics filter and the utilization saturation detector."""
+
+from __future__ import annotations
+
+import pytest
+from tests.unit.scheduling.builders import clock, endpoint, request
+
+from endpoint_picker.scheduling.plugins import StaleMetricsFilter, UtilizationDetector
+from endpoint_picker.types import EndpointState
+
+
+def names(eps: object) -> list[str]:
+    return [e.endpoint.pod_name for e in eps]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("ages", "kept"),
+    [
+        ([0.0, 1.9, 2.5], ["e0", "e1"]),  # older than 2 s is dropped
+        ([2.0], ["e0"]),  # exactly at the threshold is still fresh
+        ([3.0, None], ["e0", "e1"]),  # nothing fresh: fail open, all stay
+        ([None, 0.5], ["e1"]),  # never scraped counts as stale
+        ([], []),
+    ],
+)
+def test_stale_metrics_filter(ages: list[float | None], kept: list[str]) -> None:
+    """Stale endpoints are dropped unless no fresh one is left (then all stay)."""
+    eps = [endpoint(f"e{i}", age=a) for i, a in enumerate(ages)]
+    assert names(StaleMetricsFilter(2.0, clock).filter(request(), eps)) == kept
+
+
+DETECTOR = UtilizationDetector(clock=clock)
+
+
+def ok(**overrides: object) -> EndpointState:
+    fields: dict[str, object] = {"queue": 1, "kv": 0.2, "age": 0.05}
+    fields.update(overrides)
+    return endpoint(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("candidates", "saturated"),
+    [
+        ([ok()], False),
+        ([ok(queue=5)], False),  # at the threshold: not over it
+        ([ok(queue=6)], True),
+        ([ok(kv=0.8)], False),
+        ([ok(kv=0.81)], True),
+        ([ok(age=0.3)], True),  # metrics older than 200 ms
+        ([ok(age=None)], True),  # never scraped
+        ([ok(queue=9), ok(kv=0.95), ok(age=1.0)], True),  # every one saturated
+        ([ok(queue=9), ok(), ok(age=1.0)], False),  # one with room is enough
+        ([], True),  # no candidates: saturated
+    ],
+)
+def test_utilization_detector(candidates: list[EndpointState], saturated: bool) -> None:
+    """The pool is saturated only when every candidate is over a threshold or stale."""
+    assert DETECTOR.is_saturated(candidates) is saturated
+
+
+def test_utilization_detector_thresholds_are_configurable() -> None:
+    """Custom thresholds replace the defaults."""
+    strict = UtilizationDetector(
+        queue_depth_threshold=0,
+        kv_cache_util_threshold=0.1,
+        metrics_staleness_threshold=5.0,
+        clock=clock,
+    )
+    assert strict.is_saturated([ok(queue=1, kv=0.0, age=0.0)])
+    assert not strict.is_saturated([ok(queue=0, kv=0.05, age=4.0)])
