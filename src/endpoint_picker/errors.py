@@ -43,7 +43,7 @@ class EppError(Exception):
 class ConfigError(EppError):
     """A configuration input (flag, pool file, scheduler config) is invalid.
 
-    ``path`` names the field at fault, e.g. ``document 2 (InferenceModel "chat"): spec.criticality``.
+    ``path`` names the field at fault: ``document 2 (InferenceModel "chat"): spec.criticality``.
     """
 
     def __init__(self, message: str, path: str = "") -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -12,7 +12,7 @@ from endpoint_picker.errors import BadRequestError
 from endpoint_picker.types import Criticality
 
 
-class Api(str, Enum):
+class Api(StrEnum):
     COMPLETIONS = "completions"
     CHAT_COMPLETIONS = "chat_completions"
     OTHER = "other"

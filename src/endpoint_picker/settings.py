@@ -54,7 +54,7 @@ def parse_bool(text: str) -> bool:
 class ServerSettings:
     """Listening sockets and shutdown."""
 
-    bind_address: str = "0.0.0.0"  # noqa: S104 - a pod must be reachable from its Gateway
+    bind_address: str = "0.0.0.0"
     grpc_port: int = 9002
     grpc_health_port: int = 9003
     metrics_port: int = 9090

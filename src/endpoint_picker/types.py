@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Criticality(str, Enum):
+class Criticality(StrEnum):
     """How important a request is (seed 004); only Sheddable requests are ever shed."""
 
     CRITICAL = "Critical"

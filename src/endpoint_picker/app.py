@@ -1,0 +1,217 @@
+"""The composition root: builds every part from ``Settings`` and runs them as one app.
+
+Nothing below this module constructs its own dependencies; everything is passed in here.
+Background loops are named tasks owned by the app, cancelled and awaited on stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+from aiohttp import web
+
+from endpoint_picker.datastore import Datastore
+from endpoint_picker.datastore.sources.file import PoolFileSource
+from endpoint_picker.director import Director
+from endpoint_picker.errors import ConfigError
+from endpoint_picker.extproc.server import (
+    ExternalProcessor,
+    HealthState,
+    build_ext_proc_server,
+    build_health_server,
+)
+from endpoint_picker.extproc.tls import load_certificate, self_signed_certificate
+from endpoint_picker.metrics.scraper import ScrapeManager
+from endpoint_picker.scheduling import build_scheduling, load_config
+from endpoint_picker.settings import Settings
+from endpoint_picker.telemetry.metrics import EppMetrics, PoolStats
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPorts:
+    ext_proc: int
+    health: int
+    metrics: int
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class App:
+    """One EPP process: datastore, sources, scrapers, scheduler, director and servers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.datastore = Datastore(settings.pool.pool_name)
+        self.metrics = EppMetrics(self._pool_stats)
+        self.health = HealthState()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._servers: list[grpc.aio.Server] = []
+        self._metrics_runner: web.AppRunner | None = None
+        self._stopping = asyncio.Event()
+        self.ports = BoundPorts(0, 0, 0)
+        if settings.pool.pool_file is None:
+            raise ConfigError("--pool-file is required (the Kubernetes source is not built yet)")
+        self._source = PoolFileSource(
+            settings.pool.pool_file, self.datastore.apply, settings.pool.reload_poll_interval
+        )
+        self._scraper = ScrapeManager(settings.scrape, self.datastore.update_metrics, clock=clock)
+
+    def _pool_stats(self) -> PoolStats | None:
+        pool = self.datastore.pool
+        if pool is None:
+            return None
+        states = self.datastore.endpoint_states()
+        count = len(states) or 1
+        return PoolStats(
+            name=pool.name,
+            average_kv_cache_utilization=sum(s.metrics.kv_cache_usage for s in states) / count,
+            average_queue_size=sum(s.metrics.waiting_queue_size for s in states) / count,
+            ready_pods=len({s.endpoint.pod_name for s in states}),
+        )
+
+    def _build_director(self) -> Director:
+        config_path = self.settings.scheduling.config_file
+        config = None
+        if config_path is not None:
+            try:
+                text = config_path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"cannot read: {exc.strerror}", str(config_path)) from exc
+            config = load_config(text, str(config_path))
+        components = build_scheduling(
+            config,
+            settings=self.settings.scheduling,
+            staleness_threshold=self.settings.scrape.staleness_threshold,
+            clock=self._clock,
+            rng=self._rng,
+            observer=self.metrics,
+        )
+        return Director(
+            self.datastore,
+            components.scheduler,
+            components.saturation_detector,
+            allow_unknown_models=self.settings.pool.allow_unknown_models,
+            rng=self._rng,
+            metrics=self.metrics,
+        )
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(self._guard(name, coro), name=name)
+        self._tasks.append(task)
+
+    async def _guard(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task failed", task=name)
+
+    async def start(self) -> BoundPorts:
+        """Load the pool and start serving; ``ConfigError`` when an input is invalid."""
+        server_settings = self.settings.server
+        director = self._build_director()
+        self.datastore.on_endpoints_changed(self._scraper.set_endpoints)
+        self._source.load_initial()
+        await self.health.start()
+        await self._scraper.start()
+        self._scraper.set_endpoints(self.datastore.endpoints)
+
+        tls = None
+        if server_settings.secure_serving:
+            tls = (
+                load_certificate(server_settings.cert_path)
+                if server_settings.cert_path
+                else self_signed_certificate()
+            )
+        host = server_settings.bind_address
+        processor = ExternalProcessor(director, self.metrics, self._clock)
+        ext_server, ext_port = build_ext_proc_server(
+            processor, self.health, _format_address(host, server_settings.grpc_port), tls
+        )
+        health_server, health_port = build_health_server(
+            self.health, _format_address(host, server_settings.grpc_health_port)
+        )
+        if not ext_port or not health_port:
+            raise ConfigError(f"cannot bind the gRPC ports on {host}")
+        for server in (ext_server, health_server):
+            await server.start()
+            self._servers.append(server)
+        metrics_port = await self._start_metrics_server(host, server_settings.metrics_port)
+        self._spawn("pool-file-watch", self._source.watch())
+        await self.health.set_ready(self.datastore.loaded)
+        self.ports = BoundPorts(ext_port, health_port, metrics_port)
+        log.info(
+            "endpoint picker serving",
+            pool=self.datastore.pool.name if self.datastore.pool else None,
+            endpoints=len(self.datastore.endpoints),
+            ext_proc_port=ext_port,
+            health_port=health_port,
+            metrics_port=metrics_port,
+            tls=tls is not None,
+        )
+        return self.ports
+
+    async def _start_metrics_server(self, host: str, port: int) -> int:
+        async def metrics_handler(_: web.Request) -> web.Response:
+            return web.Response(
+                body=self.metrics.render(),
+                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+            )
+
+        async def health_handler(_: web.Request) -> web.Response:
+            ok = self.health.ready
+            return web.Response(status=200 if ok else 503, text="ok" if ok else "not ready")
+
+        web_app = web.Application()
+        web_app.router.add_get("/metrics", metrics_handler)
+        web_app.router.add_get("/healthz", health_handler)
+        runner = web.AppRunner(web_app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        self._metrics_runner = runner
+        addresses = runner.addresses  # the real port when 0 was asked for (tests)
+        return int(addresses[0][1]) if addresses else port
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopping.wait()
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Drain: report NOT_SERVING, stop accepting, let open streams finish, then exit."""
+        grace = self.settings.server.drain_timeout if drain_timeout is None else drain_timeout
+        await self.health.set_ready(False)
+        log.info("draining", grace_seconds=grace)
+        await asyncio.gather(*(server.stop(grace) for server in self._servers))
+        self._servers.clear()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self._scraper.stop()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
+        log.info("stopped")

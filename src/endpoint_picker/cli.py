@@ -1,0 +1,231 @@
+"""The ``epp`` command: ``serve``, ``validate``, ``sim`` and ``--version``.
+
+Flags are parsed into ``Settings`` here and nowhere else. Bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from endpoint_picker import __version__
+from endpoint_picker.errors import ConfigError
+from endpoint_picker.settings import (
+    LoggingSettings,
+    PoolSettings,
+    SchedulingSettings,
+    ScrapeSettings,
+    ServerSettings,
+    Settings,
+    parse_bool,
+    parse_duration,
+)
+from endpoint_picker.telemetry.logs import configure_logging, log_levels
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one clear line (and exit 2), not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _typed(convert: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """Turn a ``ConfigError`` from a converter into argparse's own error."""
+
+    def wrapper(text: str) -> Any:
+        try:
+            return convert(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    wrapper.__name__ = name  # argparse says "invalid <name> value"
+    return wrapper
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ConfigError(f"port {value} out of range 0..65535")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ConfigError(f"{value} must be >= 0")
+    return value
+
+
+DURATION = _typed(parse_duration, "duration")
+BOOL = _typed(parse_bool, "boolean")
+PORT = _typed(_port, "port")
+COUNT = _typed(_non_negative, "count")
+
+
+def _add_pool_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pool-file", type=Path, help="the pool file (InferencePool, InferenceModels, Pods)"
+    )
+    p.add_argument("--pool-name", help="which InferencePool to serve (default: the only one)")
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    d = Settings()
+    _add_pool_flags(p)
+    p.add_argument("--config-file", type=Path, help="an EndpointPickerConfig YAML file")
+    p.add_argument("--bind-address", default=d.server.bind_address, help="listen address")
+    p.add_argument("--grpc-port", type=PORT, default=d.server.grpc_port, help="ext_proc port")
+    p.add_argument("--grpc-health-port", type=PORT, default=d.server.grpc_health_port)
+    p.add_argument("--metrics-port", type=PORT, default=d.server.metrics_port)
+    p.add_argument("--secure-serving", type=BOOL, default=d.server.secure_serving, metavar="BOOL")
+    p.add_argument("--cert-path", type=Path, help="folder with tls.crt and tls.key")
+    p.add_argument("--allow-unknown-models", type=BOOL, default=None, metavar="BOOL")
+    p.add_argument("--max-fallback-endpoints", type=COUNT, default=0, metavar="N")
+    p.add_argument("--drain-timeout", type=DURATION, default=d.server.drain_timeout)
+    p.add_argument("--refresh-metrics-interval", type=DURATION, default=d.scrape.refresh_interval)
+    p.add_argument("--metrics-scrape-timeout", type=DURATION, default=d.scrape.timeout)
+    p.add_argument(
+        "--metrics-staleness-threshold", type=DURATION, default=d.scrape.staleness_threshold
+    )
+    p.add_argument("--total-queued-requests-metric", help="override the vLLM queue metric name")
+    p.add_argument("--total-running-requests-metric", help="override the running metric name")
+    p.add_argument("--kv-cache-usage-percentage-metric", help="override the KV usage metric name")
+    p.add_argument("--lora-info-metric", help="override the LoRA info metric name")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("--log-level", choices=log_levels(), default="info")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="epp", description="Endpoint Picker for the Gateway API Inference Extension"
+    )
+    parser.add_argument("--version", action="version", version=f"epp {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_serve_flags(sub.add_parser("serve", help="serve ext_proc for Envoy"))
+    validate = sub.add_parser("validate", help="check a pool file and/or a scheduler config")
+    _add_pool_flags(validate)
+    validate.add_argument("--config-file", type=Path, help="an EndpointPickerConfig YAML file")
+    sub.add_parser("sim", help="run simulated vLLM servers (see `epp sim --help`)", add_help=False)
+    return parser
+
+
+def _metric_overrides(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    flags = {
+        "queue": args.total_queued_requests_metric,
+        "running": args.total_running_requests_metric,
+        "kv_usage": args.kv_cache_usage_percentage_metric,
+        "lora_info": args.lora_info_metric,
+    }
+    chosen = {k: v for k, v in flags.items() if v}
+    return {"vllm": chosen} if chosen else {}
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    if args.pool_file is None:
+        raise ConfigError("--pool-file is required (the Kubernetes source is not built yet)")
+    if args.cert_path is not None and not args.secure_serving:
+        raise ConfigError("--cert-path needs --secure-serving true")
+    return Settings(
+        server=ServerSettings(
+            bind_address=args.bind_address,
+            grpc_port=args.grpc_port,
+            grpc_health_port=args.grpc_health_port,
+            metrics_port=args.metrics_port,
+            secure_serving=args.secure_serving,
+            cert_path=args.cert_path,
+            drain_timeout=args.drain_timeout,
+        ),
+        pool=PoolSettings(
+            pool_file=args.pool_file,
+            pool_name=args.pool_name,
+            allow_unknown_models=args.allow_unknown_models,
+        ),
+        scheduling=SchedulingSettings(
+            config_file=args.config_file, max_fallback_endpoints=args.max_fallback_endpoints
+        ),
+        scrape=ScrapeSettings(
+            refresh_interval=args.refresh_metrics_interval,
+            timeout=args.metrics_scrape_timeout,
+            staleness_threshold=args.metrics_staleness_threshold,
+            metric_overrides=_metric_overrides(args),
+        ),
+        logging=LoggingSettings(format=args.log_format, level=args.log_level),
+    )
+
+
+async def _serve(settings: Settings) -> None:
+    from endpoint_picker.app import App  # the app pulls in grpc; keep --help fast
+
+    app = App(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, app.request_stop)
+    try:
+        await app.start()
+        await app.wait_stopped()
+    finally:
+        await app.stop()
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from endpoint_picker.datastore.pool import resolve_pool
+    from endpoint_picker.datastore.sources.file import load_pool_file
+    from endpoint_picker.scheduling import build_scheduling, describe, load_config
+
+    if args.pool_file is None and args.config_file is None:
+        raise ConfigError("give --pool-file and/or --config-file")
+    if args.pool_file is not None:
+        state = load_pool_file(args.pool_file)
+        resolved = resolve_pool(state, args.pool_name)
+        pool = resolved.pool
+        print(
+            f"{args.pool_file}: InferencePool {pool.namespace}/{pool.name} ({pool.api_version}), "
+            f"ports {', '.join(map(str, pool.target_ports))}"
+        )
+        for model in resolved.models.values():
+            split = ", ".join(f"{t.name}={t.weight}" for t in model.target_models) or "no split"
+            print(f"  model {model.model_name}: {model.criticality.value}, {split}")
+        for endpoint in resolved.endpoints:
+            print(f"  endpoint {endpoint.hostport} (pod {endpoint.pod_name})")
+        ignored = len(state.pods) - len({e.pod_name for e in resolved.endpoints})
+        print(f"  {len(resolved.endpoints)} endpoints; {ignored} pods not in the pool or not Ready")
+    if args.config_file is not None:
+        try:
+            text = args.config_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read: {exc.strerror}", str(args.config_file)) from exc
+        config = load_config(text, str(args.config_file))
+        build_scheduling(config, settings=SchedulingSettings(), staleness_threshold=2.0)
+        print(f"{args.config_file}: {describe(config)}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:
+        from endpoint_picker_sim.cli import main as sim_main
+
+        return int(sim_main(argv[1:]))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            settings = settings_from_args(args)
+            configure_logging(settings.logging.format, settings.logging.level)
+            asyncio.run(_serve(settings))
+            return 0
+        if args.command == "validate":
+            return _validate(args)
+    except ConfigError as exc:
+        print(f"epp: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    parser.print_help()
+    return EXIT_USAGE

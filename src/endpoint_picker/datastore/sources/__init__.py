@@ -1,0 +1,1 @@
+"""Sources feed the datastore whole ``ClusterState`` values: the pool file, later Kubernetes."""

@@ -1,0 +1,184 @@
+"""The director: from a parsed request to the endpoints that should serve it.
+
+The steps, in order (the first failing one decides the status): parse (400), model lookup
+(404), traffic split (503 when every weight is zero), candidates after the subset hint (503),
+load shedding of sheddable requests (429), scheduling (503 when nothing is left).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import orjson
+import structlog
+
+from endpoint_picker.datastore import InferenceModel, InferencePool
+from endpoint_picker.errors import (
+    ModelNotFoundError,
+    RequestError,
+    ServiceUnavailableError,
+    TooManyRequestsError,
+)
+from endpoint_picker.requests import Api, LLMRequest, parse_request
+from endpoint_picker.scheduling import SaturationDetector, SchedulingResult
+from endpoint_picker.telemetry.metrics import EppMetrics
+from endpoint_picker.types import Criticality, EndpointState, parse_hostport
+
+log = structlog.get_logger(__name__)
+
+
+class PoolReader(Protocol):
+    """What the director reads of the datastore."""
+
+    @property
+    def pool(self) -> InferencePool | None: ...
+
+    def model(self, model_name: str) -> InferenceModel | None: ...
+
+    def endpoint_states(self) -> tuple[EndpointState, ...]: ...
+
+
+class RequestScheduler(Protocol):
+    def schedule(
+        self, request: LLMRequest, candidates: Sequence[EndpointState]
+    ) -> SchedulingResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    """Where a request goes and the body it goes with."""
+
+    request: LLMRequest
+    endpoints: tuple[str, ...]  # host:port, primary first
+    body: bytes  # the bytes to forward: the original unless the model was rewritten
+
+    @property
+    def destination(self) -> str:
+        return ",".join(self.endpoints)
+
+
+class Director:
+    def __init__(
+        self,
+        pool: PoolReader,
+        scheduler: RequestScheduler,
+        saturation: SaturationDetector,
+        *,
+        allow_unknown_models: bool | None = None,
+        rng: random.Random | None = None,
+        metrics: EppMetrics | None = None,
+    ) -> None:
+        self._pool = pool
+        self._scheduler = scheduler
+        self._saturation = saturation
+        self._allow_unknown = allow_unknown_models
+        self._rng = rng or random.Random()
+        self._metrics = metrics
+
+    def route(
+        self, request_id: str, path: str, raw_body: bytes, subset: Sequence[str] | None
+    ) -> RoutingDecision:
+        """Route a request with a body; raises a ``RequestError`` subclass."""
+        request: LLMRequest | None = None
+        try:
+            request = parse_request(request_id, path, raw_body)
+            request = self._resolve_model(request)
+            decision = self._schedule(request, subset)
+        except RequestError as exc:
+            if self._metrics is not None:
+                model = request.model if request else ""
+                target = request.target_model if request else ""
+                self._metrics.request_failed(model, target, exc.code.type_name)
+            raise
+        return decision
+
+    def route_headers_only(
+        self, request_id: str, path: str, subset: Sequence[str] | None
+    ) -> RoutingDecision:
+        """Route a request without a body (e.g. ``GET /v1/models``) to any eligible endpoint."""
+        request = LLMRequest(request_id=request_id, api=Api.OTHER, model="", raw_body=b"", body={})
+        return self._schedule(request, subset)
+
+    def _resolve_model(self, request: LLMRequest) -> LLMRequest:
+        pool = self._pool.pool
+        if pool is None:
+            raise ServiceUnavailableError("the pool is not loaded yet")
+        model = self._pool.model(request.model)
+        if model is None:
+            allow = (
+                pool.passes_unknown_models if self._allow_unknown is None else self._allow_unknown
+            )
+            if not allow:
+                raise ModelNotFoundError(
+                    f"model {request.model!r} is not served by InferencePool {pool.name!r}"
+                )
+            # v1 pools have no InferenceModel API: everything is Standard there.
+            crit = Criticality.STANDARD if pool.passes_unknown_models else Criticality.SHEDDABLE
+            return replace(request, criticality=crit)
+        return replace(request, target_model=self._split(model), criticality=model.criticality)
+
+    def _split(self, model: InferenceModel) -> str:
+        if not model.target_models:
+            return model.model_name
+        weights = [t.weight for t in model.target_models]
+        if not any(weights):
+            raise ServiceUnavailableError(
+                f"every target model of {model.model_name!r} has weight 0"
+            )
+        (target,) = self._rng.choices(model.target_models, weights=weights)
+        return target.name
+
+    def _candidates(self, subset: Sequence[str] | None) -> tuple[EndpointState, ...]:
+        states = self._pool.endpoint_states()
+        if not states:
+            raise ServiceUnavailableError("no ready endpoint in the pool")
+        if subset is None:
+            return states
+        wanted_hostports: set[tuple[str, int]] = set()
+        wanted_hosts: set[str] = set()
+        for entry in subset:
+            try:
+                host, port = parse_hostport(entry)
+            except ValueError:
+                log.warning("ignoring malformed subset hint entry", entry=entry[:100])
+                continue
+            if port is None:
+                wanted_hosts.add(host)
+            else:
+                wanted_hostports.add((host, port))
+        chosen = tuple(
+            s
+            for s in states
+            if s.endpoint.address in wanted_hosts
+            or (s.endpoint.address, s.endpoint.port) in wanted_hostports
+        )
+        if not chosen:
+            raise ServiceUnavailableError(
+                "no eligible endpoint in the subset hint" if subset else "the subset hint is empty"
+            )
+        return chosen
+
+    def _schedule(self, request: LLMRequest, subset: Sequence[str] | None) -> RoutingDecision:
+        candidates = self._candidates(subset)
+        if request.criticality is Criticality.SHEDDABLE and self._saturation.is_saturated(
+            candidates
+        ):
+            raise TooManyRequestsError(
+                f"the pool is saturated; sheddable request for {request.model!r} dropped"
+            )
+        result = self._scheduler.schedule(request, candidates)
+        if not result.endpoints:
+            raise ServiceUnavailableError("no endpoint passed the scheduler's filters")
+        body = request.raw_body
+        if request.target_model != request.model:
+            rewritten = dict(request.body)
+            rewritten["model"] = request.target_model
+            body = orjson.dumps(rewritten)
+        return RoutingDecision(
+            request=request,
+            endpoints=tuple(s.hostport for s in result.endpoints),
+            body=body,
+        )

@@ -1,0 +1,1 @@
+"""The ext_proc edge: the only package that imports Envoy's protos."""

@@ -1,0 +1,115 @@
+"""The gRPC servers: ext_proc (with health) and a plaintext health-only port."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import structlog
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from endpoint_picker.director import Director
+from endpoint_picker.extproc import wire
+from endpoint_picker.extproc.stream import RequestStream
+from endpoint_picker.telemetry.metrics import EppMetrics
+
+log = structlog.get_logger(__name__)
+
+_READINESS_SERVICES = ("", "readiness", wire.EXT_PROC_SERVICE)
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Envoy's ext_proc service: one ``RequestStream`` per ``Process`` stream."""
+
+    def __init__(
+        self,
+        director: Director,
+        metrics: EppMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._director = director
+        self._metrics = metrics
+        self._clock = clock
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = RequestStream(self._director, self._metrics, self._clock)
+        try:
+            async for message in request_iterator:
+                for response in stream.handle(message):
+                    yield response
+                if stream.finished:
+                    return
+        except Exception:
+            log.exception("ext_proc stream failed", request_id=stream.request_id)
+            raise
+        finally:
+            stream.close()
+
+
+class HealthState:
+    """gRPC health: ``liveness`` always SERVING; readiness names SERVING once the pool loads."""
+
+    def __init__(self) -> None:
+        self.servicer = health.aio.HealthServicer()
+        self._ready = False
+
+    async def start(self) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        await self.servicer.set("liveness", serving)
+        await self.set_ready(False)
+
+    async def set_ready(self, ready: bool) -> None:
+        self._ready = ready
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in _READINESS_SERVICES:
+            await self.servicer.set(service, status)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+
+def _server_options() -> list[tuple[str, int]]:
+    return [
+        ("grpc.so_reuseport", 1),
+        # Request bodies arrive in chunks, but keep room for large single messages.
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ]
+
+
+def build_ext_proc_server(
+    processor: ExternalProcessor,
+    health_state: HealthState,
+    address: str,
+    tls: tuple[bytes, bytes] | None,
+) -> tuple[grpc.aio.Server, int]:
+    """The ext_proc server (health served there too); returns it with its bound port."""
+    server = grpc.aio.server(options=_server_options())
+    pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
+    if tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+    return server, port
+
+
+def build_health_server(health_state: HealthState, address: str) -> tuple[grpc.aio.Server, int]:
+    """Plaintext health only: Kubernetes gRPC probes cannot speak TLS."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
+    return server, server.add_insecure_port(address)

@@ -1,0 +1,270 @@
+"""One ext_proc stream = one HTTP request: the state machine that answers Envoy's messages.
+
+Request path, FULL_DUPLEX_STREAMED (the reference configuration): say nothing on the headers,
+buffer the body until ``end_of_stream``, then answer the headers (routing mutation + dynamic
+metadata) and stream the body back in chunks. BUFFERED: continue the headers at once and put
+the routing on the body response. Response path: every chunk goes back at once, unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+import structlog
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from endpoint_picker.director import Director, RoutingDecision
+from endpoint_picker.errors import ErrorCode, InternalError, RequestError
+from endpoint_picker.extproc import responses, wire
+from endpoint_picker.telemetry.metrics import EppMetrics
+from endpoint_picker.telemetry.usage import UsageReader
+
+log = structlog.get_logger(__name__)
+
+_Mode = processing_mode_pb2.ProcessingMode
+FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
+BUFFERED = _Mode.BUFFERED
+STREAMED = _Mode.STREAMED
+_MODE_NAMES = {v: k for k, v in _Mode.BodySendMode.items()}
+
+Responses = list[pb.ProcessingResponse]
+
+
+def _header_value(header: object) -> str:
+    raw = getattr(header, "raw_value", b"")
+    return raw.decode("utf-8", "replace") if raw else str(getattr(header, "value", ""))
+
+
+def _metadata_string(request: pb.ProcessingRequest, namespace: str, key: str) -> str | None:
+    meta = request.metadata_context.filter_metadata
+    if namespace not in meta:
+        return None
+    value = meta[namespace].fields.get(key)
+    if value is None or value.WhichOneof("kind") != "string_value":
+        return None
+    return str(value.string_value)
+
+
+def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
+    """The subset hint as a list of entries, or None when Envoy sent none."""
+    meta = request.metadata_context.filter_metadata
+    if wire.SUBSET_HINT_NAMESPACE not in meta:
+        return None
+    value = meta[wire.SUBSET_HINT_NAMESPACE].fields.get(wire.SUBSET_HINT_KEY)
+    if value is None:
+        return None
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        return [v.string_value for v in value.list_value.values if v.string_value]
+    if kind == "string_value":  # tolerate "a,b" as a single string
+        return [s for s in (p.strip() for p in value.string_value.split(",")) if s]
+    return []
+
+
+class RequestStream:
+    """The per-stream state; ``handle`` returns the responses owed for one message."""
+
+    def __init__(
+        self,
+        director: Director,
+        metrics: EppMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._director = director
+        self._metrics = metrics
+        self._clock = clock
+        self.finished = False
+        self._request_mode = FULL_DUPLEX
+        self._response_mode = FULL_DUPLEX
+        self._path = ""
+        self._request_id = ""
+        self._spoofed: list[str] = []
+        self._subset: list[str] | None = None
+        self._body = bytearray()
+        self._decision: RoutingDecision | None = None
+        self._routed_at = 0.0
+        self._usage: UsageReader | None = None
+        self._served = ""
+        self._closed_metrics = False
+
+    @property
+    def request_id(self) -> str:
+        return self._request_id
+
+    def handle(self, message: pb.ProcessingRequest) -> Responses:
+        kind = message.WhichOneof("request")
+        try:
+            if kind == "request_headers":
+                return self._on_request_headers(message)
+            if kind == "request_body":
+                return self._on_request_body(message)
+            if kind == "request_trailers":
+                return self._on_request_trailers()
+            if kind == "response_headers":
+                return self._on_response_headers(message)
+            if kind == "response_body":
+                return self._on_response_body(message)
+            if kind == "response_trailers":
+                self._finish_response()
+                return [responses.CONTINUE_RESPONSE_TRAILERS]
+        except RequestError as exc:
+            return self._reject(exc.code, exc.message)
+        return self._reject(ErrorCode.INTERNAL, f"unexpected ext_proc message {kind!r}")
+
+    def _reject(self, code: ErrorCode, message: str) -> Responses:
+        log.info("request rejected", status=code.http_status, reason=message)
+        self.finished = True
+        return [responses.immediate_error(code, message)]
+
+    # -- request path ---------------------------------------------------------------------------
+
+    def _on_request_headers(self, message: pb.ProcessingRequest) -> Responses:
+        if message.HasField("protocol_config"):
+            self._request_mode = message.protocol_config.request_body_mode
+            self._response_mode = message.protocol_config.response_body_mode
+        headers = message.request_headers
+        for header in headers.headers.headers:
+            key = header.key.lower()
+            if key == ":path":
+                self._path = _header_value(header)
+            elif key == wire.REQUEST_ID_HEADER:
+                self._request_id = _header_value(header)
+            elif key.startswith(wire.DESTINATION_HEADER_PREFIX):
+                self._spoofed.append(key)  # a client may never choose the upstream
+        if not self._request_id:
+            self._request_id = uuid.uuid4().hex
+        structlog.contextvars.bind_contextvars(request_id=self._request_id)
+        self._subset = subset_hint(message)
+        if headers.end_of_stream:
+            decision = self._director.route_headers_only(self._request_id, self._path, self._subset)
+            self._routed(decision)
+            return [self._headers_response(decision, content_length=None)]
+        if self._request_mode == FULL_DUPLEX:
+            return []
+        if self._request_mode == BUFFERED:
+            return [responses.CONTINUE_REQUEST_HEADERS]
+        mode = _MODE_NAMES.get(self._request_mode, str(self._request_mode))
+        raise InternalError(
+            f"request body mode {mode} is not supported: configure FULL_DUPLEX_STREAMED or BUFFERED"
+        )
+
+    def _on_request_body(self, message: pb.ProcessingRequest) -> Responses:
+        body = message.request_body
+        if self._decision is not None:  # chunks after routing (e.g. before trailers): pass on
+            return [responses.streamed_request_body(body.body, body.end_of_stream)]
+        self._body += body.body
+        if not body.end_of_stream:
+            return []
+        return self._route_body(end_of_stream=True)
+
+    def _on_request_trailers(self) -> Responses:
+        if self._decision is None and self._request_mode == FULL_DUPLEX:
+            # HTTP/2 trailers end the body: route now, then answer the trailers.
+            return [*self._route_body(end_of_stream=False), responses.CONTINUE_REQUEST_TRAILERS]
+        return [responses.CONTINUE_REQUEST_TRAILERS]
+
+    def _route_body(self, end_of_stream: bool) -> Responses:
+        raw = bytes(self._body)
+        self._body = bytearray()
+        decision = self._director.route(self._request_id, self._path, raw, self._subset)
+        self._routed(decision)
+        if self._request_mode == BUFFERED:
+            mutation = responses.routing_mutation(
+                decision.destination, len(decision.body), self._spoofed
+            )
+            new_body = decision.body if decision.body is not raw else None
+            return [responses.routed_buffered_body(mutation, decision.destination, new_body)]
+        out = [self._headers_response(decision, content_length=len(decision.body))]
+        out.extend(
+            responses.streamed_request_body(chunk, eos)
+            for chunk, eos in responses.streamed_chunks(decision.body, end_of_stream)
+        )
+        return out
+
+    def _headers_response(
+        self, decision: RoutingDecision, content_length: int | None
+    ) -> pb.ProcessingResponse:
+        mutation = responses.routing_mutation(decision.destination, content_length, self._spoofed)
+        return responses.routed_request_headers(mutation, decision.destination)
+
+    def _routed(self, decision: RoutingDecision) -> None:
+        self._decision = decision
+        self._routed_at = self._clock()
+        request = decision.request
+        log.debug(
+            "request routed",
+            model=request.model,
+            target_model=request.target_model,
+            endpoints=decision.destination,
+            body_bytes=len(decision.body),
+        )
+        if self._metrics is not None:
+            self._metrics.request_started(
+                request.model, request.target_model, len(request.raw_body)
+            )
+
+    # -- response path --------------------------------------------------------------------------
+
+    def _on_response_headers(self, message: pb.ProcessingRequest) -> Responses:
+        served = _metadata_string(message, wire.LB_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
+        if served:
+            self._served = served
+        content_type = ""
+        for header in message.response_headers.headers.headers:
+            if header.key.lower() == wire.CONTENT_TYPE:
+                content_type = _header_value(header)
+                break
+        self._usage = UsageReader(content_type)
+        if message.response_headers.end_of_stream:
+            self._finish_response()
+        return [responses.CONTINUE_RESPONSE_HEADERS]
+
+    def _on_response_body(self, message: pb.ProcessingRequest) -> Responses:
+        body = message.response_body
+        if self._usage is None:
+            self._usage = UsageReader()
+        self._usage.feed(body.body)
+        if body.end_of_stream:
+            self._finish_response()
+        if self._response_mode != FULL_DUPLEX:
+            return [responses.CONTINUE_RESPONSE_BODY]
+        return [
+            responses.streamed_response_body(chunk, eos)
+            for chunk, eos in responses.streamed_chunks(body.body, body.end_of_stream)
+        ]
+
+    def _finish_response(self) -> None:
+        if self._closed_metrics or self._decision is None:
+            return
+        self._closed_metrics = True
+        request = self._decision.request
+        usage = self._usage.finish() if self._usage else None
+        served = self._served or self._decision.endpoints[0]
+        log.debug(
+            "response complete",
+            served=served,
+            response_bytes=self._usage.body_bytes if self._usage else 0,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+        )
+        if self._metrics is not None:
+            self._metrics.request_finished(
+                request.model,
+                request.target_model,
+                seconds=self._clock() - self._routed_at,
+                response_bytes=self._usage.body_bytes if self._usage else 0,
+                input_tokens=usage.prompt_tokens if usage else None,
+                output_tokens=usage.completion_tokens if usage else None,
+            )
+
+    def close(self) -> None:
+        """The stream ended (normally or cancelled): release what a routed request holds."""
+        if self._decision is not None and not self._closed_metrics:
+            self._closed_metrics = True
+            if self._metrics is not None:
+                self._metrics.request_abandoned(self._decision.request.model)
+        self._body = bytearray()
+        structlog.contextvars.unbind_contextvars("request_id")

@@ -1,0 +1,45 @@
+"""TLS material for the ext_proc port: the user's certificate or a generated self-signed one."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from endpoint_picker.errors import ConfigError
+
+
+def load_certificate(cert_dir: Path) -> tuple[bytes, bytes]:
+    """Read ``tls.key`` and ``tls.crt`` (Kubernetes TLS-secret names) from ``cert_dir``."""
+    try:
+        return (cert_dir / "tls.key").read_bytes(), (cert_dir / "tls.crt").read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read TLS material: {exc}", "--cert-path") from exc
+
+
+def self_signed_certificate(hostnames: tuple[str, ...] = ("localhost",)) -> tuple[bytes, bytes]:
+    """A fresh key and a self-signed certificate, valid for ten years (Envoy does not verify)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "endpoint-picker")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in hostnames]), False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return key_pem, cert.public_bytes(serialization.Encoding.PEM)

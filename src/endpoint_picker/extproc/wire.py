@@ -1,0 +1,22 @@
+"""Every wire key of the EPP protocol in one place (seed 003)."""
+
+# The header and metadata key carrying the picked endpoint(s): "ip:port[,ip:port...]".
+DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
+# Any client-sent header with this prefix is removed: clients never choose the upstream.
+DESTINATION_HEADER_PREFIX = "x-gateway-destination-endpoint"
+# The dynamic-metadata namespace the picked endpoint is written under.
+LB_NAMESPACE = "envoy.lb"
+# The filter-metadata namespace and key of the subset hint Envoy may send.
+SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
+# The response-phase metadata key naming the endpoint that actually served the request.
+SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served"
+
+REQUEST_ID_HEADER = "x-request-id"
+CONTENT_LENGTH = "content-length"
+CONTENT_TYPE = "content-type"
+
+# Envoy's limit on one streamed body mutation is 64 KiB; stay clear of it.
+MAX_STREAMED_CHUNK = 62_000
+
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"

@@ -1,0 +1,1 @@
+"""The EPP's own observability: Prometheus metrics, structured logs, usage extraction."""

@@ -1,0 +1,285 @@
+"""The EPP's own Prometheus metrics, named as the reference EPP of the InferenceModel era (v0.5).
+
+Existing dashboards query these names, label sets and buckets. Each app owns one registry
+(no global state), served as text by the app's metrics server on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_DURATION_BUCKETS = (
+    0.005,
+    0.025,
+    0.05,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    1.25,
+    1.5,
+    2,
+    3,
+    4,
+    5,
+    6,
+    8,
+    10,
+    15,
+    20,
+    30,
+    45,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    480,
+    600,
+    900,
+    1200,
+    1800,
+    2700,
+    3600,
+)
+# 32778 (not 32768) is the reference EPP's value; dashboards keyed on `le` depend on it.
+_REQUEST_SIZE_BUCKETS = (
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32778,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
+    2097152,
+    4194304,
+    8388608,
+    16777216,
+    33554432,
+    67108864,
+    134217728,
+    268435456,
+    536870912,
+    1073741824,
+)
+_RESPONSE_SIZE_BUCKETS = (
+    1,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32778,
+    65536,
+)
+_INPUT_TOKEN_BUCKETS = (
+    1,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32778,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
+)
+_OUTPUT_TOKEN_BUCKETS = _RESPONSE_SIZE_BUCKETS
+_SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    name: str
+    average_kv_cache_utilization: float
+    average_queue_size: float
+    ready_pods: int
+
+
+class _PoolCollector(Collector):
+    """Pool gauges computed at scrape time from the live datastore (never stale)."""
+
+    def __init__(self, stats: Callable[[], PoolStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._stats()
+        families = (
+            (
+                "inference_pool_average_kv_cache_utilization",
+                "The average kv cache utilization for an inference server pool.",
+                lambda s: s.average_kv_cache_utilization,
+            ),
+            (
+                "inference_pool_average_queue_size",
+                "The average number of requests pending in the model server queue.",
+                lambda s: s.average_queue_size,
+            ),
+            (
+                "inference_pool_ready_pods",
+                "The number of ready pods in the inference server pool.",
+                lambda s: float(s.ready_pods),
+            ),
+        )
+        for name, doc, value in families:
+            family = GaugeMetricFamily(name, doc, labels=["name"])
+            if stats is not None:
+                family.add_metric([stats.name], value(stats))
+            yield family
+
+
+class EppMetrics:
+    """Every metric the EPP exports; also the scheduler's timing observer."""
+
+    def __init__(self, pool_stats: Callable[[], PoolStats | None] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        model_labels = ["model_name", "target_model_name"]
+        self.request_total = Counter(
+            "inference_model_request",
+            "Counter of inference model requests broken out for each model and target model.",
+            model_labels,
+            registry=r,
+        )
+        self.request_error_total = Counter(
+            "inference_model_request_error",
+            "Counter of inference model requests errors broken "
+            "out for each model and target model.",
+            [*model_labels, "error_code"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "inference_model_request_duration_seconds",
+            "Inference model response latency "
+            "distribution in seconds for each model and target model.",
+            model_labels,
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.request_sizes = Histogram(
+            "inference_model_request_sizes",
+            "Inference model requests size distribution in bytes for each model and target model.",
+            model_labels,
+            buckets=_REQUEST_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.response_sizes = Histogram(
+            "inference_model_response_sizes",
+            "Inference model responses size distribution in bytes for each model and target model.",
+            model_labels,
+            buckets=_RESPONSE_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Histogram(
+            "inference_model_input_tokens",
+            "Inference model input token count distribution for requests in each model.",
+            model_labels,
+            buckets=_INPUT_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.output_tokens = Histogram(
+            "inference_model_output_tokens",
+            "Inference model output token count distribution for requests in each model.",
+            model_labels,
+            buckets=_OUTPUT_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.running_requests = Gauge(
+            "inference_model_running_requests",
+            "Inference model number of running requests in each model.",
+            ["model_name"],
+            registry=r,
+        )
+        self.scheduler_e2e = Histogram(
+            "inference_extension_scheduler_e2e_duration_seconds",
+            "Scheduling end-to-end latency distribution in seconds.",
+            buckets=_SCHEDULER_BUCKETS,
+            registry=r,
+        )
+        self.plugin_duration_hist = Histogram(
+            "inference_extension_plugin_duration_seconds",
+            "Plugin processing latency "
+            "distribution in seconds for each extension point, plugin type and plugin name.",
+            ["extension_point", "plugin_type", "plugin_name"],
+            buckets=_SCHEDULER_BUCKETS,
+            registry=r,
+        )
+        if pool_stats is not None:
+            r.register(_PoolCollector(pool_stats))
+
+    # -- the scheduler's observer protocol ----------------------------------------------------
+
+    def plugin_duration(
+        self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float
+    ) -> None:
+        self.plugin_duration_hist.labels(extension_point, plugin_type, plugin_name).observe(seconds)
+
+    def scheduler_duration(self, seconds: float) -> None:
+        self.scheduler_e2e.observe(seconds)
+
+    # -- request lifecycle ----------------------------------------------------------------------
+
+    def request_started(self, model: str, target: str, request_bytes: int) -> None:
+        self.request_total.labels(model, target).inc()
+        self.request_sizes.labels(model, target).observe(request_bytes)
+        self.running_requests.labels(model).inc()
+
+    def request_failed(self, model: str, target: str, error_code: str) -> None:
+        self.request_error_total.labels(model, target, error_code).inc()
+
+    def request_finished(
+        self,
+        model: str,
+        target: str,
+        *,
+        seconds: float,
+        response_bytes: int,
+        input_tokens: int | None,
+        output_tokens: int | None,
+    ) -> None:
+        self.running_requests.labels(model).dec()
+        self.request_duration.labels(model, target).observe(seconds)
+        self.response_sizes.labels(model, target).observe(response_bytes)
+        if input_tokens is not None:
+            self.input_tokens.labels(model, target).observe(input_tokens)
+        if output_tokens is not None:
+            self.output_tokens.labels(model, target).observe(output_tokens)
+
+    def request_abandoned(self, model: str) -> None:
+        """A routed request whose stream ended before its response did."""
+        self.running_requests.labels(model).dec()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,103 @@
+"""The epp command as users run it: a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.support.pool import model, pod, pool, pool_yaml
+
+EPP = [sys.executable, "-m", "endpoint_picker"]
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EPP, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_version() -> None:
+    """epp --version prints the version."""
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("epp 0.")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["serve", "--grpc-port", "x"], "invalid port value"),
+        (["serve", "--drain-timeout", "5"], "invalid duration"),
+        (["serve", "--secure-serving", "maybe"], "invalid boolean"),
+        (["serve", "--bogus"], "unrecognized arguments"),
+        (["serve"], "--pool-file is required"),
+    ],
+)
+def test_bad_flags_one_line_exit_2(args: list[str], message: str) -> None:
+    """Bad flags print one clear line and exit 2."""
+    result = run(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_secure_serving_both_spellings_parse(tmp_path: Path) -> None:
+    """--secure-serving false and --secure-serving=false both parse (validated via a bad pool)."""
+    for args in (["--secure-serving", "false"], ["--secure-serving=false"]):
+        result = run("serve", *args, "--pool-file", str(tmp_path / "missing.yaml"))
+        assert result.returncode == 2
+        assert "cannot read pool file" in result.stderr
+
+
+def test_validate_prints_what_it_found(tmp_path: Path) -> None:
+    """epp validate lists the pool, its models and its endpoints."""
+    path = tmp_path / "pool.yaml"
+    path.write_text(
+        pool_yaml(pool(), model("chat", targets={"a": 1, "b": 3}), pod("p", "127.0.0.2"))
+    )
+    result = run("validate", "--pool-file", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "InferencePool default/pool" in result.stdout
+    assert "model chat: Standard, a=1, b=3" in result.stdout
+    assert "endpoint 127.0.0.2:8000" in result.stdout
+
+
+def test_validate_reports_field_path(tmp_path: Path) -> None:
+    """An invalid pool file names the document and field, exit 2."""
+    path = tmp_path / "pool.yaml"
+    path.write_text(pool_yaml(pool(), model("chat", criticality="Urgent")))
+    result = run("validate", "--pool-file", str(path))
+    assert result.returncode == 2
+    assert 'document 2 (InferenceModel "chat"): spec.criticality' in result.stderr
+
+
+def test_serve_starts_and_drains_on_sigterm(tmp_path: Path) -> None:
+    """epp serve logs that it serves, and exits 0 soon after SIGTERM."""
+    path = tmp_path / "pool.yaml"
+    path.write_text(pool_yaml(pool(), model("m"), pod("p", "127.0.0.2")))
+    proc = subprocess.Popen(
+        [*EPP, "serve", "--pool-file", str(path), "--bind-address", "127.0.0.1",
+         "--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0",
+         "--drain-timeout", "1s", "--log-format", "json"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 20
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if "endpoint picker serving" in line:
+                break
+        assert "endpoint picker serving" in line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,119 @@
+"""Hot reload of the pool file, health states, TLS, drain."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tests.support.extproc import body, headers, json_body, lb_metadata, make_settings, running_app
+from tests.support.pool import model, pod, pool, pool_yaml
+
+from endpoint_picker.app import App
+from endpoint_picker.extproc.tls import self_signed_certificate
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def _eventually(check, within: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + within
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_pool_file_edit_applies_and_bad_edit_keeps_last_good(tmp_path: Path) -> None:
+    """An edit takes effect within a second; an invalid edit keeps the last good state."""
+    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    pool_file = settings.pool.pool_file
+    assert pool_file is not None
+    raw = json_body({"model": "m", "prompt": "x"})
+    async with running_app(settings) as (_, client):
+        pool_file.write_text(pool_yaml(pool(), model("m"), pod("b", "127.0.0.3")))
+
+        async def moved() -> bool:
+            out = await client.exchange([headers(), body(raw)])
+            return lb_metadata(out[0]) == "127.0.0.3:8000"
+
+        await _eventually(moved, within=1.5)
+        pool_file.write_text("kind: InferenceModel\napiVersion: nope\n")
+        await asyncio.sleep(0.3)
+        out = await client.exchange([headers(), body(raw)])
+        assert lb_metadata(out[0]) == "127.0.0.3:8000"
+
+
+async def _health(port: int, service: str) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+        return int(reply.status)
+
+
+@pytest.mark.parametrize(
+    "service", ["", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"]
+)
+async def test_health_serving_when_loaded_not_serving_while_draining(
+    tmp_path: Path, service: str
+) -> None:
+    """Readiness names are SERVING once loaded and NOT_SERVING while draining; liveness stays."""
+    app = App(make_settings(tmp_path, pool_yaml(pool(), pod("a", "127.0.0.2"))))
+    await app.start()
+    try:
+        assert await _health(app.ports.health, service) == SERVING
+        assert await _health(app.ports.ext_proc, service) == SERVING
+        await app.health.set_ready(False)  # what stop() does first
+        assert await _health(app.ports.health, service) == NOT_SERVING
+        assert await _health(app.ports.health, "liveness") == SERVING
+    finally:
+        await app.stop(drain_timeout=0.2)
+
+
+async def test_tls_ext_proc_with_generated_certificate(tmp_path: Path) -> None:
+    """Secure serving works with a certificate from --cert-path; health stays plaintext."""
+    from dataclasses import replace
+
+    key, cert = self_signed_certificate()
+    (tmp_path / "tls.key").write_bytes(key)
+    (tmp_path / "tls.crt").write_bytes(cert)
+    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    settings = replace(
+        settings, server=replace(settings.server, secure_serving=True, cert_path=tmp_path)
+    )
+    app = App(settings)
+    await app.start()
+    try:
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert)
+        async with grpc.aio.secure_channel(
+            f"127.0.0.1:{app.ports.ext_proc}",
+            credentials,
+            options=[("grpc.ssl_target_name_override", "localhost")],
+        ) as channel:
+            from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(headers())
+            await call.write(body(json_body({"model": "m", "prompt": "x"})))
+            await call.done_writing()
+            out = [r async for r in call]
+        assert lb_metadata(out[0]) == "127.0.0.2:8000"
+        assert await _health(app.ports.health, "") == SERVING
+    finally:
+        await app.stop(drain_timeout=0.2)
+
+
+async def test_drain_lets_an_open_stream_finish(tmp_path: Path) -> None:
+    """On stop, a stream already open completes within the drain timeout."""
+    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    async with running_app(settings) as (app, client):
+        call = client.stub.Process()
+        await call.write(headers())
+        stopping = asyncio.create_task(app.stop(drain_timeout=3.0))
+        await asyncio.sleep(0.1)
+        await call.write(body(json_body({"model": "m", "prompt": "x"})))
+        first = await call.read()
+        await call.done_writing()
+        assert lb_metadata(first) == "127.0.0.2:8000"
+        await stopping

@@ -1,0 +1,153 @@
+"""Builders of ext_proc messages and an in-process EPP harness with a real gRPC client."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import orjson
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import struct_pb2
+
+from endpoint_picker.app import App
+from endpoint_picker.settings import PoolSettings, ServerSettings, Settings
+
+Mode = processing_mode_pb2.ProcessingMode
+FULL_DUPLEX = Mode.FULL_DUPLEX_STREAMED
+BUFFERED = Mode.BUFFERED
+
+
+def headers(
+    path: str = "/v1/completions",
+    *,
+    method: str = "POST",
+    extra: dict[str, str] | None = None,
+    end_of_stream: bool = False,
+    request_mode: int | None = FULL_DUPLEX,
+    response_mode: int = FULL_DUPLEX,
+    subset: Sequence[str] | None = None,
+) -> pb.ProcessingRequest:
+    values = {":path": path, ":method": method, ":authority": "gw", **(extra or {})}
+    message = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()
+                ]
+            ),
+            end_of_stream=end_of_stream,
+        )
+    )
+    if request_mode is not None:
+        message.protocol_config.request_body_mode = request_mode  # type: ignore[assignment]
+        message.protocol_config.response_body_mode = response_mode  # type: ignore[assignment]
+    if subset is not None:
+        hint = struct_pb2.Struct()
+        hint.update({"x-gateway-destination-endpoint-subset": list(subset)})
+        message.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
+    return message
+
+
+def body(chunk: bytes, end_of_stream: bool = True) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
+
+
+def json_body(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def response_headers(
+    content_type: str = "application/json", served: str | None = None
+) -> pb.ProcessingRequest:
+    message = pb.ProcessingRequest(
+        response_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=":status", raw_value=b"200"),
+                    base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
+                ]
+            )
+        )
+    )
+    if served:
+        meta = struct_pb2.Struct()
+        meta.update({"x-gateway-destination-endpoint-served": served})
+        message.metadata_context.filter_metadata["envoy.lb"].CopyFrom(meta)
+    return message
+
+
+def response_body(chunk: bytes, end_of_stream: bool = True) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
+
+
+def header_map(mutation: pb.HeaderMutation) -> dict[str, str]:
+    return {
+        h.header.key: (h.header.raw_value or h.header.value.encode()).decode()
+        for h in mutation.set_headers
+    }
+
+
+def lb_metadata(response: pb.ProcessingResponse) -> str:
+    return str(
+        response.dynamic_metadata.fields["envoy.lb"]
+        .struct_value.fields["x-gateway-destination-endpoint"]
+        .string_value
+    )
+
+
+def error_of(response: pb.ProcessingResponse) -> tuple[int, dict[str, Any]]:
+    immediate = response.immediate_response
+    return immediate.status.code, orjson.loads(immediate.body)
+
+
+class Client:
+    """A real gRPC ext_proc client; each ``exchange`` is one stream."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.stub = pb_grpc.ExternalProcessorStub(channel)
+
+    async def exchange(
+        self, messages: Iterable[pb.ProcessingRequest]
+    ) -> list[pb.ProcessingResponse]:
+        call = self.stub.Process()
+        for message in messages:
+            await call.write(message)
+        await call.done_writing()
+        return [r async for r in call]
+
+
+def make_settings(tmp_path: Path, pool_text: str, **pool_overrides: Any) -> Settings:
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text(pool_text)
+    return Settings(
+        server=ServerSettings(
+            bind_address="127.0.0.1",
+            grpc_port=0,
+            grpc_health_port=0,
+            metrics_port=0,
+            secure_serving=False,
+            drain_timeout=2.0,
+        ),
+        pool=replace(
+            PoolSettings(pool_file=pool_file, reload_poll_interval=0.05), **pool_overrides
+        ),
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_app(settings: Settings, **app_kwargs: Any) -> AsyncIterator[tuple[App, Client]]:
+    app = App(settings, **app_kwargs)
+    await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ports.ext_proc}") as channel:
+            yield app, Client(channel)
+    finally:
+        await app.stop(drain_timeout=0.5)

@@ -1,0 +1,51 @@
+"""The datastore: atomic swaps, metrics views, listeners."""
+
+from __future__ import annotations
+
+import pytest
+from tests.support.pool import pod, pool, pool_yaml
+
+from endpoint_picker.datastore import Datastore
+from endpoint_picker.datastore.sources.file import parse_pool_text
+from endpoint_picker.errors import ConfigError
+from endpoint_picker.types import Endpoint, MetricsSnapshot
+
+
+def state(*pods: dict[str, object], pools: int = 1):  # type: ignore[no-untyped-def]
+    docs = [pool(f"p{i}" if i else "pool") for i in range(pools)]
+    return parse_pool_text(pool_yaml(*docs, *pods), "t")
+
+
+def test_invalid_state_keeps_the_last_good_one() -> None:
+    """A rejected apply leaves the previous pool, endpoints and metrics untouched."""
+    store = Datastore()
+    store.apply(state(pod("a", "127.0.0.2")))
+    endpoint = store.endpoints[0]
+    store.update_metrics(endpoint, MetricsSnapshot(waiting_queue_size=3, updated_at=1.0))
+    with pytest.raises(ConfigError):
+        store.apply(state(pod("a", "127.0.0.2"), pools=2))
+    assert store.endpoint_states()[0].metrics.waiting_queue_size == 3
+
+
+def test_metrics_view_is_consistent_and_refreshed() -> None:
+    """A view taken before an update keeps its values; the next view has the new ones."""
+    store = Datastore()
+    store.apply(state(pod("a", "127.0.0.2"), pod("b", "127.0.0.3")))
+    a, _ = store.endpoints
+    before = store.endpoint_states()
+    store.update_metrics(a, MetricsSnapshot(kv_cache_usage=0.5, updated_at=2.0))
+    after = store.endpoint_states()
+    assert before[0].metrics.kv_cache_usage == 0.0
+    assert after[0].metrics.kv_cache_usage == 0.5
+
+
+def test_updates_for_removed_endpoints_are_dropped_and_listeners_told() -> None:
+    """Listeners hear of endpoint changes; late metrics for a removed endpoint vanish."""
+    store = Datastore()
+    seen: list[tuple[str, ...]] = []
+    store.on_endpoints_changed(lambda eps: seen.append(tuple(e.hostport for e in eps)))
+    store.apply(state(pod("a", "127.0.0.2"), pod("b", "127.0.0.3")))
+    store.apply(state(pod("a", "127.0.0.2")))
+    store.update_metrics(Endpoint("b", "default", "127.0.0.3", 8000), MetricsSnapshot(updated_at=1))
+    assert seen == [("127.0.0.2:8000", "127.0.0.3:8000"), ("127.0.0.2:8000",)]
+    assert [s.hostport for s in store.endpoint_states()] == ["127.0.0.2:8000"]

@@ -1,0 +1,181 @@
+"""The director: model lookup, traffic split, subset hints, shedding, rewrites."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import orjson
+import pytest
+from tests.support.pool import V1, model, pod, pool, pool_yaml
+
+from endpoint_picker.datastore import Datastore
+from endpoint_picker.datastore.sources.file import parse_pool_text
+from endpoint_picker.director import Director
+from endpoint_picker.errors import (
+    BadRequestError,
+    ModelNotFoundError,
+    ServiceUnavailableError,
+    TooManyRequestsError,
+)
+from endpoint_picker.scheduling import build_scheduling
+from endpoint_picker.settings import SchedulingSettings
+from endpoint_picker.types import Criticality, MetricsSnapshot
+
+NOW = 100.0
+
+
+def make_director(
+    *docs: dict[str, object],
+    allow_unknown: bool | None = None,
+    seed: int = 1,
+    fallbacks: int = 0,
+    queue: int = 0,
+) -> tuple[Director, Datastore]:
+    store = Datastore()
+    store.apply(parse_pool_text(pool_yaml(*docs), "t"))
+    for endpoint in store.endpoints:
+        store.update_metrics(endpoint, MetricsSnapshot(waiting_queue_size=queue, updated_at=NOW))
+    parts = build_scheduling(
+        None,
+        settings=SchedulingSettings(max_fallback_endpoints=fallbacks),
+        staleness_threshold=2.0,
+        clock=lambda: NOW,
+        rng=random.Random(seed),
+    )
+    director = Director(
+        store,
+        parts.scheduler,
+        parts.saturation_detector,
+        allow_unknown_models=allow_unknown,
+        rng=random.Random(seed),
+    )
+    return director, store
+
+
+PODS = (pod("a", "127.0.0.2"), pod("b", "127.0.0.3"), pod("c", "127.0.0.4"))
+
+
+def completion(model_name: str, **extra: object) -> bytes:
+    return orjson.dumps({"model": model_name, "prompt": "hello", **extra})
+
+
+def test_known_model_routes_with_its_criticality_and_body_untouched() -> None:
+    """A served model routes; without a rewrite the exact bytes are forwarded."""
+    director, _ = make_director(pool(), model("m", criticality="Critical"), *PODS)
+    raw = b'{"model":  "m", "prompt": "hi"}'
+    decision = director.route("r", "/v1/completions", raw, None)
+    assert decision.body is raw
+    assert decision.request.criticality is Criticality.CRITICAL
+    assert decision.endpoints[0] in {"127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000"}
+
+
+@pytest.mark.parametrize(
+    ("api", "allow", "outcome"),
+    [
+        ("alpha", None, "404"),
+        ("alpha", True, Criticality.SHEDDABLE),
+        ("v1", None, Criticality.STANDARD),
+        ("v1", False, "404"),
+    ],
+)
+def test_unknown_model_defaults(api: str, allow: bool | None, outcome: object) -> None:
+    """v1alpha2 pools reject unknown models, v1 pools pass them; the flag overrides both."""
+    the_pool = pool() if api == "alpha" else pool(api=V1)
+    director, _ = make_director(the_pool, *PODS, allow_unknown=allow)
+    if outcome == "404":
+        with pytest.raises(ModelNotFoundError):
+            director.route("r", "/v1/completions", completion("nope"), None)
+    else:
+        decision = director.route("r", "/v1/completions", completion("nope"), None)
+        assert decision.request.criticality is outcome
+
+
+def test_traffic_split_proportions_and_rewrite() -> None:
+    """Targets are drawn by weight (zero never) and the body's model is rewritten."""
+    director, _ = make_director(pool(), model("m", targets={"a": 3, "b": 1, "z": 0}), *PODS)
+    counts: Counter[str] = Counter()
+    for _ in range(4000):
+        decision = director.route("r", "/v1/completions", completion("m", max_tokens=5), None)
+        body = orjson.loads(decision.body)
+        assert body["max_tokens"] == 5
+        assert body["prompt"] == "hello"
+        counts[body["model"]] += 1
+    assert counts["z"] == 0
+    assert 0.72 < counts["a"] / 4000 < 0.78
+
+
+def test_all_zero_weights_is_503() -> None:
+    """A split whose weights are all zero cannot route: 503."""
+    director, _ = make_director(pool(), model("m", targets={"a": 0, "b": 0}), *PODS)
+    with pytest.raises(ServiceUnavailableError, match="weight 0"):
+        director.route("r", "/v1/completions", completion("m"), None)
+
+
+@pytest.mark.parametrize(
+    ("subset", "allowed"),
+    [
+        (["127.0.0.3:8000"], {"127.0.0.3:8000"}),
+        (["127.0.0.4"], {"127.0.0.4:8000"}),
+        (["127.0.0.9:8000", "127.0.0.2:8000", "junk"], {"127.0.0.2:8000"}),
+    ],
+)
+def test_subset_hint_restricts_candidates(subset: list[str], allowed: set[str]) -> None:
+    """Only endpoints in the subset hint (ip:port, or a bare ip for all its ports) are picked."""
+    director, _ = make_director(pool(), model("m"), *PODS)
+    for _ in range(20):
+        assert (
+            director.route("r", "/v1/completions", completion("m"), subset).endpoints[0] in allowed
+        )
+
+
+@pytest.mark.parametrize("subset", [[], ["127.0.0.9:8000"], ["127.0.0.2:9999"]])
+def test_empty_or_ineligible_subset_is_503(subset: list[str]) -> None:
+    """An empty subset or one with no eligible endpoint: 503."""
+    director, _ = make_director(pool(), model("m"), *PODS)
+    with pytest.raises(ServiceUnavailableError):
+        director.route("r", "/v1/completions", completion("m"), subset)
+
+
+def test_no_ready_endpoint_is_503() -> None:
+    """A pool without Ready pods: 503."""
+    director, _ = make_director(pool(), model("m"), pod("a", "127.0.0.2", ready=False))
+    with pytest.raises(ServiceUnavailableError, match="no ready endpoint"):
+        director.route("r", "/v1/completions", completion("m"), None)
+
+
+def test_error_order_parse_before_model_before_endpoints() -> None:
+    """The first failing step decides: a bad body is 400 even for an unknown model, no pods."""
+    director, _ = make_director(pool())
+    with pytest.raises(BadRequestError):
+        director.route("r", "/v1/completions", b'{"model": "nope"}', None)
+    with pytest.raises(ModelNotFoundError):
+        director.route("r", "/v1/completions", completion("nope"), None)
+
+
+def test_sheddable_shed_when_saturated_critical_not() -> None:
+    """A saturated pool sheds sheddable requests with 429 and still routes critical ones."""
+    director, _ = make_director(
+        pool(),
+        model("s", criticality="Sheddable"),
+        model("c", criticality="Critical"),
+        *PODS,
+        queue=50,
+    )
+    with pytest.raises(TooManyRequestsError):
+        director.route("r", "/v1/completions", completion("s"), None)
+    assert director.route("r", "/v1/completions", completion("c"), None).endpoints
+
+
+def test_fallbacks_are_distinct_primary_first() -> None:
+    """With fallbacks the destination lists distinct endpoints."""
+    director, _ = make_director(pool(), model("m"), *PODS, fallbacks=2)
+    decision = director.route("r", "/v1/completions", completion("m"), None)
+    assert len(set(decision.endpoints)) == 3
+    assert decision.destination == ",".join(decision.endpoints)
+
+
+def test_headers_only_request_routes() -> None:
+    """A request without a body (GET /v1/models) routes to an endpoint."""
+    director, _ = make_director(pool(), *PODS)
+    assert director.route_headers_only("r", "/v1/models", None).endpoints
