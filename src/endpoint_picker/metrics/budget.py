@@ -1,0 +1,94 @@
+"""Keep scraping within a CPU budget: measure what each scrape costs, stretch the interval.
+
+One scrape (HTTP round trip on a kept-alive connection, then the parse) costs a roughly fixed
+amount of CPU, ``c`` seconds. ``n`` endpoints scraped every ``interval`` use ``n * c / interval``
+of a core, so to stay within ``cpu_budget`` (a fraction of one core) the interval must be at least
+``n * c / cpu_budget``. ``ScrapeBudget`` keeps ``c`` as an exponentially weighted moving average of
+measured costs and returns::
+
+    interval(n) = clamp(n * c / cpu_budget, refresh_interval, max_interval)
+
+``max_interval`` wins over the budget: past it snapshots would age towards staleness, which
+costs the scheduler more than the extra CPU. A ``cpu_budget`` of 0 disables stretching.
+
+A scrape's cost is measured by ``Metered``: it drives the scrape coroutine step by step and adds
+up the wall time of each step (the code between two awaits), which on a single-threaded event
+loop is the CPU the scrape spent there. Work done in transport callbacks (the C HTTP parser
+feeding bytes) is not seen; the benchmark reports how much of the process CPU the meter
+captures. Wall time over-counts when the OS preempts us, which only makes the budget stricter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Generator
+from time import perf_counter
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class ScrapeBudget:
+    """The scrape interval for ``n`` endpoints, from measured per-scrape CPU costs."""
+
+    def __init__(
+        self,
+        refresh_interval: float,
+        cpu_budget: float,
+        max_interval: float,
+        *,
+        smoothing: float = 0.02,
+    ) -> None:
+        self.refresh_interval = refresh_interval
+        self.cpu_budget = cpu_budget
+        self.max_interval = max(max_interval, refresh_interval)
+        self._smoothing = smoothing  # weight of each new sample: ~1/smoothing samples remembered
+        self.cost_per_scrape = 0.0  # seconds of CPU, EWMA; 0 until the first sample
+        self.samples = 0
+
+    def record(self, cpu_seconds: float) -> None:
+        """Fold one scrape's measured CPU seconds into the average."""
+        if self.samples == 0:
+            self.cost_per_scrape = cpu_seconds
+        else:
+            self.cost_per_scrape += self._smoothing * (cpu_seconds - self.cost_per_scrape)
+        self.samples += 1
+
+    def interval(self, endpoints: int) -> float:
+        """Seconds between two scrapes of one endpoint when ``endpoints`` are followed."""
+        if self.cpu_budget <= 0:
+            return self.refresh_interval
+        needed = endpoints * self.cost_per_scrape / self.cpu_budget
+        return min(max(needed, self.refresh_interval), self.max_interval)
+
+    def cpu_share(self, endpoints: int) -> float:
+        """The estimated fraction of one core scraping uses at ``interval(endpoints)``."""
+        return endpoints * self.cost_per_scrape / self.interval(endpoints)
+
+
+class Metered(Generic[T]):
+    """Await a coroutine while adding up the time spent running its steps (``.cpu``)."""
+
+    __slots__ = ("_coro", "cpu")
+
+    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
+        self._coro = coro
+        self.cpu = 0.0
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro = self._coro
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            started = perf_counter()
+            try:
+                yielded = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]  # the coroutine's T
+            finally:
+                self.cpu += perf_counter() - started
+            # Hand the awaited future to the task as ``yield from`` would, and pass back what
+            # the task sends or throws (results, CancelledError) on resumption.
+            try:
+                value, error = (yield yielded), None
+            except BaseException as exc:
+                value, error = None, exc

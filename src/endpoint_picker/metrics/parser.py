@@ -1,0 +1,209 @@
+"""Parse a model server's Prometheus text into a ``MetricsSnapshot``: a pure function.
+
+Speed is the point. vLLM's ``/metrics`` is tens of KB, mostly histogram buckets, and it is read
+20 times a second per pod, while a snapshot needs a handful of gauges. So the payload is never
+split into lines: each wanted family is found with ``bytes.find`` (``"\\n" + name``, then a check
+that the name ends there, which skips ``name_bucket`` and the ``# HELP``/``# TYPE`` lines), and only
+its own lines are decoded. The exposition format keeps a family's samples in one group, so reading
+stops at the first line that belongs to another family.
+
+Aggregation across series (data-parallel ranks differ by an ``engine`` label; any other labels,
+in any order, are ignored unless a spec matches on them): queues and running requests are
+summed, KV usage is averaged, the LoRA series with the largest value (a timestamp) wins, cache
+geometry comes from the first series. Non-finite values (``NaN``, ``+Inf``) are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+
+from endpoint_picker.errors import EppError
+from endpoint_picker.metrics.engines import EngineMetricNames, MetricSpec, Specs
+from endpoint_picker.types import MetricsSnapshot
+
+_BOUNDARY = frozenset(b"{ \t")
+# One label pair; values may hold escaped quotes, commas and braces.
+_LABEL = re.compile(rb'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_ESCAPES = re.compile(rb"\\(.)")
+_UNESCAPE = {b"n": b"\n", b"\\": b"\\", b'"': b'"'}
+
+Labels = dict[str, str]
+Sample = tuple[bytes, float]  # (raw label block without braces, value)
+
+
+class MetricsParseError(EppError):
+    """A payload lacks a required metric or is not Prometheus text."""
+
+
+def parse_metrics(text: bytes, names: EngineMetricNames, now: float) -> MetricsSnapshot:
+    """Read the snapshot ``names`` describes out of ``text``, stamped ``now``.
+
+    Raises ``MetricsParseError`` when a configured required metric (``queue``, ``kv_usage``) is
+    absent, so that a wrong page never replaces a good snapshot with zeros.
+    """
+    queue = _first_present(text, names.queue)
+    kv_usage = _first_present(text, names.kv_usage)
+    missing = [
+        " or ".join(map(str, specs))
+        for specs, samples in ((names.queue, queue), (names.kv_usage, kv_usage))
+        if specs and samples is None
+    ]
+    if missing:
+        raise MetricsParseError(f"missing metrics: {'; '.join(missing)}")
+
+    running = _first_present(text, names.running)
+    kv_values = [value for _, value in kv_usage or ()]
+    active, waiting, max_lora = _lora(_first_present(text, names.lora_info))
+    block_size, num_blocks = _cache_geometry(text, names)
+    return MetricsSnapshot(
+        waiting_queue_size=_count(queue),
+        running_requests=_count(running),
+        kv_cache_usage=max(0.0, sum(kv_values) / len(kv_values)) if kv_values else 0.0,
+        active_adapters=active,
+        waiting_adapters=waiting,
+        max_active_adapters=max_lora,
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        updated_at=now,
+    )
+
+
+def _count(samples: list[Sample] | None) -> int:
+    return max(0, round(sum(value for _, value in samples))) if samples else 0
+
+
+def _first_present(text: bytes, specs: Specs) -> list[Sample] | None:
+    """The finite samples of the first spec whose family is in ``text``; ``None`` if none is."""
+    for spec in specs:
+        samples = _samples(text, spec)
+        if samples is not None:
+            return samples
+    return None
+
+
+def _samples(text: bytes, spec: MetricSpec) -> list[Sample] | None:
+    needle = spec.needle
+    size = len(needle)
+    start = _family_start(text, needle)
+    if start < 0:
+        return None
+    samples: list[Sample] = []
+    while True:
+        end = text.find(b"\n", start)
+        if end < 0:
+            end = len(text)
+        sample = _sample(text[start + size : end].rstrip(b"\r"))
+        if sample is not None and math.isfinite(sample[1]) and _matches(sample[0], spec):
+            samples.append(sample)
+        start = end + 1
+        if not (text.startswith(needle, start) and text[start + size : start + size + 1] in _NEXT):
+            return samples
+
+
+_NEXT = (b"{", b" ", b"\t")
+
+
+def _family_start(text: bytes, needle: bytes) -> int:
+    """Offset of the first sample line of family ``needle``, or -1."""
+    size = len(needle)
+    if text.startswith(needle) and len(text) > size and text[size] in _BOUNDARY:
+        return 0
+    newline_needle = b"\n" + needle
+    pos = text.find(newline_needle)
+    while pos >= 0:
+        after = pos + 1 + size
+        if after < len(text) and text[after] in _BOUNDARY:
+            return pos + 1
+        pos = text.find(newline_needle, after)
+    return -1
+
+
+def _sample(rest: bytes) -> Sample | None:
+    """Split what follows the name, ``{labels} value [timestamp]``; ``None`` if malformed."""
+    labels = b""
+    if rest.startswith(b"{"):
+        close = rest.rfind(b"}")  # numbers follow the last brace; values may hold braces
+        if close < 0:
+            return None
+        labels, rest = rest[1:close], rest[close + 1 :]
+    fields = rest.split()
+    if not fields:
+        return None
+    try:
+        return labels, float(fields[0])
+    except ValueError:
+        return None
+
+
+def parse_labels(block: bytes) -> Labels:
+    """Decode a label block (``a="1",b="x\\"y"``) into a dict; malformed tails are dropped."""
+    return dict(_label_items(block))
+
+
+# Info gauges repeat the same label blocks scrape after scrape: decode each distinct one once.
+@lru_cache(maxsize=4096)
+def _label_items(block: bytes) -> tuple[tuple[str, str], ...]:
+    labels: Labels = {}
+    pos = 0
+    while pos < len(block):
+        match = _LABEL.match(block, pos)
+        if match is None:
+            break
+        value = match.group(2)
+        if b"\\" in value:
+            value = _ESCAPES.sub(lambda m: _UNESCAPE.get(m.group(1), m.group(0)), value)
+        labels[match.group(1).decode()] = value.decode(errors="replace")
+        pos = match.end()
+    return tuple(labels.items())
+
+
+def _matches(block: bytes, spec: MetricSpec) -> bool:
+    if not spec.labels:
+        return True
+    labels = parse_labels(block)
+    return all(labels.get(key) == value for key, value in spec.labels)
+
+
+def _lora(samples: list[Sample] | None) -> tuple[frozenset[str], frozenset[str], int]:
+    if not samples:
+        return frozenset(), frozenset(), 0
+    block, _ = max(samples, key=lambda sample: sample[1])
+    labels = parse_labels(block)
+    return (
+        _adapters(labels.get("running_lora_adapters", "")),
+        _adapters(labels.get("waiting_lora_adapters", "")),
+        _int(labels.get("max_lora")) or 0,
+    )
+
+
+def _adapters(listing: str) -> frozenset[str]:
+    return frozenset(name for part in listing.split(",") if (name := part.strip()))
+
+
+def _cache_geometry(text: bytes, names: EngineMetricNames) -> tuple[int | None, int | None]:
+    block_size = num_blocks = None
+    info = _first_present(text, names.cache_info)
+    if info:
+        labels = parse_labels(info[0][0])
+        block_size = _int(labels.get(names.cache_block_size_label))
+        num_blocks = _int(labels.get(names.cache_num_blocks_label))
+    if block_size is None:
+        block_size = _gauge_int(_first_present(text, names.block_size))
+    if num_blocks is None:
+        num_blocks = _gauge_int(_first_present(text, names.num_gpu_blocks))
+    return block_size, num_blocks
+
+
+def _gauge_int(samples: list[Sample] | None) -> int | None:
+    return round(samples[0][1]) if samples else None
+
+
+def _int(text: str | None) -> int | None:
+    """A positive integer label (vLLM writes ``"None"`` when unset); ``None`` otherwise."""
+    try:
+        value = int(float(text)) if text else None
+    except (ValueError, OverflowError):
+        return None
+    return value if value is not None and value > 0 else None

@@ -1,0 +1,1 @@
+"""Tests of endpoint_picker.metrics."""

@@ -1,0 +1,239 @@
+"""The pure /metrics parser: realistic vLLM pages and the corners of the text format."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from tests.unit.metrics.metrics_builders import family, sglang_page, vllm_fixture, vllm_page
+
+from endpoint_picker.metrics.engines import BUILTIN_ENGINES, parse_specs
+from endpoint_picker.metrics.parser import MetricsParseError, parse_labels, parse_metrics
+from endpoint_picker.types import MetricsSnapshot
+
+VLLM = BUILTIN_ENGINES["vllm"]
+W, R, KV = "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"
+LORA, CACHE = "vllm:lora_requests_info", "vllm:cache_config_info"
+
+
+def page(*families: str) -> bytes:
+    return "".join(families).encode()
+
+
+def base(queue: str = " 1", running: str = " 2", kv: str = " 0.5") -> list[str]:
+    return [family(W, queue), family(R, running), family(KV, kv)]
+
+
+def test_realistic_vllm_page() -> None:
+    """A 64 KB vLLM v1 page with 2 DP engines: queues summed, KV averaged, LoRA and cache read."""
+    snapshot = parse_metrics(vllm_fixture(), VLLM, now=12.5)
+    assert snapshot == MetricsSnapshot(
+        waiting_queue_size=7,
+        running_requests=7,
+        kv_cache_usage=0.5,
+        active_adapters=frozenset({"sql-lora", "chat-lora"}),
+        waiting_adapters=frozenset({"summarize"}),
+        max_active_adapters=4,
+        block_size=16,
+        num_gpu_blocks=27153,
+        updated_at=12.5,
+    )
+
+
+CASES: list[tuple[str, bytes, dict[str, Any]]] = [
+    ("no labels", page(*base()), {"waiting_queue_size": 1, "running_requests": 2}),
+    (
+        "labels in any order",
+        page(
+            family(W, '{model_name="m",engine="0"} 3', '{engine="1",model_name="m"} 4'), *base()[1:]
+        ),
+        {"waiting_queue_size": 7},
+    ),
+    (
+        "escaped quotes, commas and braces in label values",
+        page(family(W, r'{model_name="a\"b,c}d",x="\\"} 5'), *base()[1:]),
+        {"waiting_queue_size": 5},
+    ),
+    (
+        "exponent notation",
+        page(*base(queue=" 1.5e+01", kv=" 2.5E-1")),
+        {"waiting_queue_size": 15, "kv_cache_usage": 0.25},
+    ),
+    ("timestamp after the value", page(*base(queue=" 3 1712345678000")), {"waiting_queue_size": 3}),
+    ("tabs between fields", page(*base(queue="\t6\t1712345678000")), {"waiting_queue_size": 6}),
+    (
+        "CRLF line endings",
+        page(*base()).replace(b"\n", b"\r\n"),
+        {"waiting_queue_size": 1, "kv_cache_usage": 0.5},
+    ),
+    ("no trailing newline", page(*base()).rstrip(b"\n"), {"kv_cache_usage": 0.5}),
+    (
+        "metric on the very first line",
+        f"{W} 9\n".encode() + page(*base()[1:]),
+        {"waiting_queue_size": 9},
+    ),
+    (
+        "NaN and +Inf series are skipped",
+        page(
+            family(W, '{engine="0"} +Inf', '{engine="1"} 2'),
+            family(R, " 1"),
+            family(KV, '{engine="0"} NaN', '{engine="1"} 0.4'),
+        ),
+        {"waiting_queue_size": 2, "kv_cache_usage": 0.4},
+    ),
+    ("negative gauges read as zero", page(*base(queue=" -3")), {"waiting_queue_size": 0}),
+    (
+        "histograms and longer names sharing the prefix are not read",
+        page(
+            family(W + "_seconds", '_bucket{le="1.0"} 100', "_sum 7", "_count 9", kind="histogram"),
+            family(W + "_by_priority", " 50"),
+            *base(),
+        ),
+        {"waiting_queue_size": 1},
+    ),
+    (
+        "data-parallel ranks: queues summed, KV averaged",
+        page(
+            family(W, '{engine="0"} 1', '{engine="1"} 2', '{engine="2"} 3'),
+            family(R, '{engine="0"} 4', '{engine="1"} 5'),
+            family(KV, '{engine="0"} 0.2', '{engine="1"} 0.6'),
+        ),
+        {"waiting_queue_size": 6, "running_requests": 9, "kv_cache_usage": pytest.approx(0.4)},
+    ),
+    (
+        "older vLLM: gpu_cache_usage_perc is the fallback",
+        page(family(W, " 1"), family(R, " 1"), family("vllm:gpu_cache_usage_perc", " 0.3")),
+        {"kv_cache_usage": 0.3},
+    ),
+    ("running is optional", page(family(W, " 1"), family(KV, " 0.1")), {"running_requests": 0}),
+    (
+        "LoRA: the series with the largest timestamp wins, spaces trimmed",
+        page(
+            *base(),
+            family(
+                LORA,
+                '{max_lora="2",running_lora_adapters="old",waiting_lora_adapters=""} 1.0e+09',
+                '{max_lora="3",running_lora_adapters=" a , b,",waiting_lora_adapters="c"} 1.7e+09',
+                '{max_lora="1",running_lora_adapters="mid",waiting_lora_adapters=""} 1.5e+09',
+            ),
+        ),
+        {
+            "active_adapters": frozenset({"a", "b"}),
+            "waiting_adapters": frozenset({"c"}),
+            "max_active_adapters": 3,
+        },
+    ),
+    (
+        "LoRA: empty lists",
+        page(
+            *base(),
+            family(
+                LORA, '{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.7e+09'
+            ),
+        ),
+        {"active_adapters": frozenset(), "max_active_adapters": 4},
+    ),
+    ("LoRA absent", page(*base()), {"active_adapters": frozenset(), "max_active_adapters": 0}),
+    (
+        "cache geometry; vLLM writes None for unset values",
+        page(*base(), family(CACHE, '{block_size="32",engine="0",num_gpu_blocks="None"} 1.0')),
+        {"block_size": 32, "num_gpu_blocks": None},
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_parse_cases(text: bytes, expected: dict[str, Any]) -> None:
+    """Each text-format corner case yields the expected snapshot fields."""
+    snapshot = parse_metrics(text, VLLM, now=1.0)
+    assert {key: getattr(snapshot, key) for key in expected} == expected
+    assert snapshot.updated_at == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "missing"),
+    [
+        (page(family(R, " 1"), family(KV, " 0.1")), W),
+        (page(family(W, " 1"), family(R, " 1")), "vllm:gpu_cache_usage_perc"),
+        (b"<html><body>Not Found</body></html>", W),
+        (b"", W),
+        (page(family(W + "_total", " 1", kind="counter"), family(KV, " 0.1")), W),
+        (f"# HELP {W} x\n# TYPE {W} gauge\n{KV} 0.1\n".encode(), W),
+    ],
+    ids=["queue", "kv", "html", "empty", "only a longer name", "HELP/TYPE without samples"],
+)
+def test_missing_required_metric_raises(text: bytes, missing: str) -> None:
+    """A page without a required metric raises instead of producing a snapshot of zeros."""
+    with pytest.raises(MetricsParseError, match=missing):
+        parse_metrics(text, VLLM, now=1.0)
+
+
+def test_sglang_names_and_cache_labels() -> None:
+    """SGLang's gauges are read, and its cache geometry from page_size / num_pages."""
+    snapshot = parse_metrics(sglang_page(3, 4, 0.7), BUILTIN_ENGINES["sglang"], now=2.0)
+    assert (snapshot.waiting_queue_size, snapshot.running_requests) == (3, 4)
+    assert snapshot.kv_cache_usage == 0.7
+    assert (snapshot.block_size, snapshot.num_gpu_blocks) == (64, 900)
+
+
+def test_trtllm_cache_geometry_from_gauges() -> None:
+    """trtllm-serve's block size and block count come from gauge values."""
+    text = page(
+        family("trtllm_num_requests_waiting", " 2"),
+        family("trtllm_num_requests_running", " 1"),
+        family("trtllm_kv_cache_utilization", " 0.9"),
+        family("trtllm_kv_cache_tokens_per_block", " 32"),
+        family("trtllm_kv_cache_max_blocks", " 4096"),
+    )
+    snapshot = parse_metrics(text, BUILTIN_ENGINES["trtllm-serve"], now=1.0)
+    assert (snapshot.waiting_queue_size, snapshot.kv_cache_usage) == (2, 0.9)
+    assert (snapshot.block_size, snapshot.num_gpu_blocks) == (32, 4096)
+
+
+def test_label_matchers_select_series() -> None:
+    """A spec with label matchers only counts the series that carry those labels."""
+    names = replace(
+        VLLM,
+        queue=parse_specs('nv_requests{request_type="waiting"}'),
+        running=parse_specs("nv_requests{request_type=running}"),
+    )
+    text = page(
+        family(
+            "nv_requests",
+            '{model="x",request_type="waiting"} 5',
+            '{request_type="running"} 2',
+            '{request_type="waiting",model="y"} 1',
+        ),
+        family(KV, " 0.5"),
+    )
+    snapshot = parse_metrics(text, names, now=1.0)
+    assert (snapshot.waiting_queue_size, snapshot.running_requests) == (6, 2)
+
+
+def test_vllm_page_builder_round_trip() -> None:
+    """The minimal page builder parses back to its inputs (the scraper tests rely on it)."""
+    snapshot = parse_metrics(vllm_page(4, 5, 0.25), VLLM, now=3.0)
+    assert (snapshot.waiting_queue_size, snapshot.running_requests) == (4, 5)
+    assert math.isclose(snapshot.kv_cache_usage, 0.25)
+
+
+@pytest.mark.parametrize(
+    ("block", "expected"),
+    [
+        (b'a="1",b="2"', {"a": "1", "b": "2"}),
+        (b' a = "1" , b="x,y" ', {"a": "1", "b": "x,y"}),
+        (
+            rb'a="q\"uote",b="back\\slash",c="new\nline"',
+            {"a": 'q"uote', "b": "back\\slash", "c": "new\nline"},
+        ),
+        (b'a="1",', {"a": "1"}),
+        (b"", {}),
+        (b'a="1",broken', {"a": "1"}),
+    ],
+    ids=["plain", "spaces and commas", "escapes", "trailing comma", "empty", "malformed tail"],
+)
+def test_parse_labels(block: bytes, expected: dict[str, str]) -> None:
+    """Label blocks decode with escapes; a malformed tail is dropped, not fatal."""
+    assert parse_labels(block) == expected
