@@ -156,23 +156,26 @@ class SchedulerProfile:
         return picked
 
     def _score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> list[float]:
-        n = len(endpoints)
-        totals = [0.0] * n
+        totals = [0.0] * len(endpoints)
         for ws in self._scorers:
-            scores = ws.scorer.score(request, endpoints)
-            self._accumulate(ws, totals, scores)
+            totals = self._accumulate(ws, totals, ws.scorer.score(request, endpoints))
         return totals
 
     @staticmethod
-    def _accumulate(ws: WeightedScorer, totals: list[float], scores: Sequence[float]) -> None:
+    def _accumulate(
+        ws: WeightedScorer, totals: list[float], scores: Sequence[float]
+    ) -> list[float]:
+        """``totals + weight * clamp(scores)``; clamped here so no scorer outweighs the others."""
         if len(scores) != len(totals):
             raise InternalError(
                 f"scorer {ws.ref.name!r} returned {len(scores)} scores for {len(totals)} endpoints"
             )
-        weight = ws.weight
-        for i, s in enumerate(scores):
-            # Clamp here so one misbehaving scorer cannot outweigh the others.
-            totals[i] += weight * (1.0 if s > 1.0 else 0.0 if s < 0.0 else s)
+        w = ws.weight
+        # One comprehension, no calls: this is the hottest loop of a cycle. NaN counts as 0.
+        return [
+            t + w * (1.0 if s > 1.0 else s if s > 0.0 else 0.0)
+            for t, s in zip(totals, scores, strict=False)
+        ]
 
     def _run_timed(
         self, request: LLMRequest, candidates: Sequence[EndpointState]
@@ -191,7 +194,7 @@ class SchedulerProfile:
             start = clock()
             scores = ws.scorer.score(request, endpoints)
             report(SCORER, ws.ref.type, ws.ref.name, clock() - start)
-            self._accumulate(ws, totals, scores)
+            totals = self._accumulate(ws, totals, scores)
         ref = self._picker_ref
         start = clock()
         picked = self._picker.pick(request, endpoints, totals)

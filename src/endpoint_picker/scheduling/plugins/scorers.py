@@ -83,15 +83,15 @@ class LoraAffinityScorer:
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         adapter = request.target_model
         running, free_slot, waiting = self._running, self._free_slot, self._waiting
-        scores: list[float] = []
-        for e in endpoints:
-            m = e.metrics
-            if adapter in m.active_adapters:
-                scores.append(running)
-            elif len(m.active_adapters) + len(m.waiting_adapters) < m.max_active_adapters:
-                scores.append(free_slot)
-            elif adapter in m.waiting_adapters:
-                scores.append(waiting)
-            else:
-                scores.append(0.0)
-        return scores
+        # "for m in (e.metrics,)" is a plain assignment inside a comprehension (CPython >= 3.9).
+        return [
+            running
+            if adapter in m.active_adapters
+            else free_slot
+            if len(m.active_adapters) + len(m.waiting_adapters) < m.max_active_adapters
+            else waiting
+            if adapter in m.waiting_adapters
+            else 0.0
+            for e in endpoints
+            for m in (e.metrics,)
+        ]
