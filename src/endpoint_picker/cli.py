@@ -83,22 +83,65 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config-file", type=Path, help="an EndpointPickerConfig YAML file")
     p.add_argument("--bind-address", default=d.server.bind_address, help="listen address")
     p.add_argument("--grpc-port", type=PORT, default=d.server.grpc_port, help="ext_proc port")
-    p.add_argument("--grpc-health-port", type=PORT, default=d.server.grpc_health_port)
-    p.add_argument("--metrics-port", type=PORT, default=d.server.metrics_port)
-    p.add_argument("--secure-serving", type=BOOL, default=d.server.secure_serving, metavar="BOOL")
-    p.add_argument("--cert-path", type=Path, help="folder with tls.crt and tls.key")
-    p.add_argument("--allow-unknown-models", type=BOOL, default=None, metavar="BOOL")
-    p.add_argument("--max-fallback-endpoints", type=COUNT, default=0, metavar="N")
-    p.add_argument("--drain-timeout", type=DURATION, default=d.server.drain_timeout)
-    p.add_argument("--refresh-metrics-interval", type=DURATION, default=d.scrape.refresh_interval)
-    p.add_argument("--metrics-scrape-timeout", type=DURATION, default=d.scrape.timeout)
     p.add_argument(
-        "--metrics-staleness-threshold", type=DURATION, default=d.scrape.staleness_threshold
+        "--grpc-health-port", type=PORT, default=d.server.grpc_health_port, help="gRPC health"
     )
-    p.add_argument("--total-queued-requests-metric", help="override the vLLM queue metric name")
-    p.add_argument("--total-running-requests-metric", help="override the running metric name")
-    p.add_argument("--kv-cache-usage-percentage-metric", help="override the KV usage metric name")
-    p.add_argument("--lora-info-metric", help="override the LoRA info metric name")
+    p.add_argument(
+        "--metrics-port", type=PORT, default=d.server.metrics_port, help="Prometheus /metrics"
+    )
+    p.add_argument(
+        "--secure-serving",
+        type=BOOL,
+        default=d.server.secure_serving,
+        metavar="BOOL",
+        help="TLS on the ext_proc port (self-signed unless --cert-path)",
+    )
+    p.add_argument("--cert-path", type=Path, metavar="DIR", help="folder with tls.crt, tls.key")
+    p.add_argument(
+        "--allow-unknown-models",
+        type=BOOL,
+        default=None,
+        metavar="BOOL",
+        help="route models no InferenceModel names (default: v1 pools yes, v1alpha2 no)",
+    )
+    p.add_argument(
+        "--max-fallback-endpoints", type=COUNT, default=0, metavar="N", help="after the primary"
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=DURATION,
+        default=d.server.drain_timeout,
+        metavar="DURATION",
+        help="on SIGTERM, how long open streams may finish",
+    )
+    p.add_argument(
+        "--refresh-metrics-interval",
+        type=DURATION,
+        default=d.scrape.refresh_interval,
+        metavar="DURATION",
+        help="model-server /metrics scrape interval",
+    )
+    p.add_argument(
+        "--metrics-scrape-timeout",
+        type=DURATION,
+        default=d.scrape.timeout,
+        metavar="DURATION",
+        help="timeout of one scrape",
+    )
+    p.add_argument(
+        "--metrics-staleness-threshold",
+        type=DURATION,
+        default=d.scrape.staleness_threshold,
+        metavar="DURATION",
+        help="metrics older than this are stale",
+    )
+    for flag, what in (
+        ("--total-queued-requests-metric", "waiting-queue"),
+        ("--total-running-requests-metric", "running-requests"),
+        ("--kv-cache-usage-percentage-metric", "KV-cache usage"),
+        ("--lora-info-metric", "LoRA info"),
+    ):
+        p.add_argument(flag, metavar="NAME", help=f"the vLLM {what} metric name")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--log-level", choices=log_levels(), default="info")
 
@@ -109,7 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"epp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    _add_serve_flags(sub.add_parser("serve", help="serve ext_proc for Envoy"))
+    serve = sub.add_parser(
+        "serve",
+        help="serve ext_proc for Envoy",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_serve_flags(serve)
     validate = sub.add_parser("validate", help="check a pool file and/or a scheduler config")
     _add_pool_flags(validate)
     validate.add_argument("--config-file", type=Path, help="an EndpointPickerConfig YAML file")
@@ -178,7 +226,7 @@ async def _serve(settings: Settings) -> None:
 def _validate(args: argparse.Namespace) -> int:
     from endpoint_picker.datastore.pool import resolve_pool
     from endpoint_picker.datastore.sources.file import load_pool_file
-    from endpoint_picker.scheduling import build_scheduling, describe, load_config
+    from endpoint_picker.scheduling import describe, load_config
 
     if args.pool_file is None and args.config_file is None:
         raise ConfigError("give --pool-file and/or --config-file")
@@ -202,9 +250,8 @@ def _validate(args: argparse.Namespace) -> int:
             text = args.config_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read: {exc.strerror}", str(args.config_file)) from exc
-        config = load_config(text, str(args.config_file))
-        build_scheduling(config, settings=SchedulingSettings(), staleness_threshold=2.0)
-        print(f"{args.config_file}: {describe(config)}")
+        # load_config builds every plugin once, so it catches what serving would
+        print(describe(load_config(text, str(args.config_file))))
     return 0
 
 

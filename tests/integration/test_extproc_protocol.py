@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import grpc
 import orjson
 import pytest
 from tests.support.extproc import (
@@ -204,7 +205,7 @@ async def test_response_chunks_pass_at_once_unchanged(tmp_path: Path) -> None:
             answer = (await call.read()).response_body.response.body_mutation.streamed_response
             assert (answer.body, answer.end_of_stream) == (chunk, i == len(sse) - 1)
         await call.done_writing()
-        assert [r async for r in call] == []
+        assert await call.read() is grpc.aio.EOF
     assert routed[0].WhichOneof("response") == "request_headers"
 
 
@@ -244,6 +245,7 @@ async def test_request_trailers_end_the_body(tmp_path: Path) -> None:
 async def test_cancelled_stream_leaves_nothing_behind(tmp_path: Path) -> None:
     """A stream cancelled mid-body leaves no task and no running-request count behind."""
     async with running_app(make_settings(tmp_path, BASIC)) as (app, client):
+        await asyncio.sleep(0.1)  # let start-up tasks settle
         before = {t.get_name() for t in asyncio.all_tasks()}
         call = client.stub.Process()
         await call.write(headers())
@@ -258,7 +260,13 @@ async def test_cancelled_stream_leaves_nothing_behind(tmp_path: Path) -> None:
         for _ in range(100):
             await asyncio.sleep(0.02)
             running = app.metrics.running_requests.labels("m")._value.get()
-            if running == 0 and {t.get_name() for t in asyncio.all_tasks()} <= before:
+            if running == 0:
                 break
         assert running == 0
-        assert {t.get_name() for t in asyncio.all_tasks()} <= before
+        # grpc's server keeps one task waiting for the next call: not a leak of ours
+        extra = [
+            t
+            for t in asyncio.all_tasks()
+            if t.get_name() not in before and "AioServer._request" not in repr(t)
+        ]
+        assert not extra, [t.get_coro() for t in extra]
