@@ -1,0 +1,106 @@
+"""The EPP's own Prometheus metrics after a known sequence of requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+from tests.support.extproc import (
+    body,
+    headers,
+    json_body,
+    make_settings,
+    response_body,
+    response_headers,
+    running_app,
+)
+from tests.support.pool import model, pod, pool, pool_yaml
+
+TEXT = pool_yaml(pool(), model("m", targets={"m-v1": 1}), pod("a", "127.0.0.2"))
+
+
+def sample(families: dict[str, list[Sample]], metric: str, **labels: str) -> float:
+    for s in families[metric]:
+        if s.labels == labels:
+            return float(s.value)
+    raise AssertionError(f"no sample {metric}{labels}")
+
+
+async def test_metrics_after_known_requests(tmp_path: Path) -> None:
+    """Counts, errors, sizes, tokens, running requests, pool and scheduler metrics are exported."""
+    request = json_body({"model": "m", "prompt": "hello"})
+    sse = b'data: {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 30}}\n\n'
+    async with running_app(make_settings(tmp_path, TEXT)) as (app, client):
+        for _ in range(2):
+            await client.exchange(
+                [
+                    headers(),
+                    body(request),
+                    response_headers("text/event-stream"),
+                    response_body(sse),
+                ]
+            )
+        await client.exchange([headers(), body(json_body({"model": "nope", "prompt": "x"}))])
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{app.ports.metrics}/metrics") as reply,
+        ):
+            assert reply.status == 200
+            text = await reply.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {name: f.samples for name, f in families.items()}
+    m = {"model_name": "m", "target_model_name": "m-v1"}
+    assert families["inference_model_request"].type == "counter"
+    request_total = [
+        s for s in families["inference_model_request"].samples if s.name.endswith("_total")
+    ]
+    assert [(s.labels, s.value) for s in request_total] == [(m, 2.0)]
+    errors = [
+        s for s in families["inference_model_request_error"].samples if s.name.endswith("_total")
+    ]
+    assert [(s.labels, s.value) for s in errors] == [
+        ({"model_name": "nope", "target_model_name": "nope", "error_code": "NotFound"}, 1.0)
+    ]
+    assert families["inference_model_input_tokens"].type == "histogram"
+    tokens = {
+        s.name: s.value
+        for s in families["inference_model_output_tokens"].samples
+        if s.labels.get("le") in (None, "32.0")
+    }
+    assert tokens["inference_model_output_tokens_sum"] == 60.0
+    assert tokens["inference_model_output_tokens_count"] == 2.0
+    inputs = {
+        s.name: s.value
+        for s in families["inference_model_input_tokens"].samples
+        if "le" not in s.labels
+    }
+    assert inputs["inference_model_input_tokens_sum"] == 24.0
+    sizes = {
+        s.name: s.value
+        for s in families["inference_model_request_sizes"].samples
+        if "le" not in s.labels
+    }
+    assert sizes["inference_model_request_sizes_sum"] == 2.0 * len(request)
+    assert sample(samples, "inference_model_running_requests", model_name="m") == 0.0
+    assert sample(samples, "inference_pool_ready_pods", name="pool") == 1.0
+    assert families["inference_pool_average_kv_cache_utilization"].type == "gauge"
+    assert families["inference_pool_average_queue_size"].type == "gauge"
+    e2e = {
+        s.name: s.value
+        for s in families["inference_extension_scheduler_e2e_duration_seconds"].samples
+    }
+    assert e2e["inference_extension_scheduler_e2e_duration_seconds_count"] == 2.0
+    plugin_labels = {
+        (s.labels["extension_point"], s.labels["plugin_type"])
+        for s in families["inference_extension_plugin_duration_seconds"].samples
+    }
+    assert ("Scorer", "queue-scorer") in plugin_labels
+    assert ("Picker", "max-score-picker") in plugin_labels
+    durations = {
+        s.name: s.value
+        for s in families["inference_model_request_duration_seconds"].samples
+        if "le" not in s.labels
+    }
+    assert durations["inference_model_request_duration_seconds_count"] == 2.0
