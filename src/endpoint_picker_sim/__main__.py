@@ -1,0 +1,3 @@
+from endpoint_picker_sim.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""Several simulated servers in one process and one event loop, on consecutive addresses."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import AsyncIterator
+
+from endpoint_picker_sim.config import SimConfig
+from endpoint_picker_sim.server import SimServer
+
+
+def addresses(first: str, count: int) -> list[str]:
+    """``count`` consecutive IPv4 addresses starting at ``first`` (127.0.0.2, 127.0.0.3, ...)."""
+    start = ipaddress.IPv4Address(first)
+    return [str(start + i) for i in range(count)]
+
+
+@contextlib.asynccontextmanager
+async def running_servers(sim: SimConfig) -> AsyncIterator[list[SimServer]]:
+    """Start ``sim.servers`` servers, each with its own engine task; stop them all on exit."""
+    servers: list[SimServer] = []
+    try:
+        for index, host in enumerate(addresses(sim.address, sim.servers)):
+            server = SimServer(sim.server, index=index)
+            servers.append(server)
+            await server.start(host, sim.port)
+        yield servers
+    finally:
+        for server in reversed(servers):
+            await server.stop()

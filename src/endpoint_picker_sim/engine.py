@@ -1,0 +1,300 @@
+"""One simulated vLLM engine: a scheduler stepped by an asyncio task, as vLLM v1 schedules.
+
+Each step (1) keeps running requests going, oldest first, preempting the newest running request
+back to the head of the queue when KV blocks run out; (2) if nothing was preempted, admits
+waiting requests in FIFO order while the token budget, ``max_num_seqs``, free blocks and LoRA
+slots allow, reusing cached prefix blocks; (3) sleeps for the step's modelled duration; (4)
+commits: computed tokens advance, finished prompt blocks join the prefix cache, each request
+whose tokens are all computed samples one token. Long prompts are prefilled in chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+from endpoint_picker_sim.clock import Clock
+from endpoint_picker_sim.config import EngineConfig
+from endpoint_picker_sim.kvcache import BlockManager
+from endpoint_picker_sim.request import FINISH_ABORT, FINISH_LENGTH, SimRequest
+from endpoint_picker_sim.stats import EngineStats
+
+# After falling this far behind plan (wall seconds), stop catching up and re-anchor to now.
+_MAX_CATCH_UP_S = 0.005
+
+
+class Engine:
+    """The scheduler state and its step loop. ``step`` and ``commit`` are synchronous and pure
+    with respect to time, so tests can drive them with any timestamps."""
+
+    def __init__(self, config: EngineConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.blocks = BlockManager(config.num_gpu_blocks, config.block_size)
+        self.stats = EngineStats()
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.running_loras: dict[str, int] = {}
+        self.waiting_loras: dict[str, int] = {}
+        # Adapters resident in the GPU's LoRA slots, least recently used first.
+        self.loaded_loras: dict[str, None] = {}
+        self._lora_label: tuple[str, str] | None = None
+        self._wakeup = asyncio.Event()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add(self, req: SimRequest) -> None:
+        """Queue a request (FIFO) and wake the loop."""
+        req.arrival = self.clock.now()
+        self.waiting.append(req)
+        if req.lora is not None:
+            self.waiting_loras[req.lora] = self.waiting_loras.get(req.lora, 0) + 1
+        self._wakeup.set()
+
+    def abort(self, req: SimRequest) -> None:
+        """Drop a request whose client went away, releasing its blocks."""
+        if req.finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+            self._leave_running(req)
+        else:
+            self.waiting.remove(req)
+            self._leave_waiting(req)
+        req.finish(FINISH_ABORT)
+        self.stats.success_abort += 1
+
+    @property
+    def idle(self) -> bool:
+        """No request running or waiting."""
+        return not self.running and not self.waiting
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def step(self) -> tuple[list[tuple[SimRequest, int]], float]:
+        """Choose this step's requests and token counts; return them and the duration (s)."""
+        cfg = self.config
+        bs = cfg.block_size
+        blocks = self.blocks
+        budget = cfg.max_num_batched_tokens
+        batch: list[tuple[SimRequest, int]] = []
+        prefill_tokens = 0
+        decode_context = 0
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            total = req.prompt_len + req.generated
+            new = min(total - req.num_computed, budget)
+            need = req.num_computed + new
+            if need > len(req.table) * bs:
+                fits = True
+                while not blocks.allocate(req.table, need):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        fits = False
+                        break
+                if not fits:
+                    break
+            batch.append((req, new))
+            budget -= new
+            if new == 1 and req.generated and req.num_computed >= req.prompt_len:
+                decode_context += need
+            else:
+                prefill_tokens += new
+            i += 1
+        lora_load_us = 0.0
+        if not preempted:
+            prefill_tokens, budget, lora_load_us = self._admit(batch, budget, prefill_tokens)
+        us = cfg.profile.step_us(prefill_tokens, decode_context, len(batch)) + lora_load_us
+        return batch, us * 1e-6
+
+    def _admit(
+        self, batch: list[tuple[SimRequest, int]], budget: int, prefill_tokens: int
+    ) -> tuple[int, int, float]:
+        """Move waiting requests into the batch, FIFO, skipping those whose adapter cannot fit."""
+        cfg = self.config
+        bs = cfg.block_size
+        waiting = self.waiting
+        skipped: list[SimRequest] = []
+        lora_load_us = 0.0
+        while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = waiting[0]
+            lora = req.lora
+            if (
+                lora is not None
+                and lora not in self.running_loras
+                and len(self.running_loras) >= cfg.max_loras
+            ):
+                skipped.append(waiting.popleft())
+                continue
+            # Never serve the whole prompt from cache: the last token must be computed to
+            # sample from it, exactly as vLLM caps its hit.
+            cacheable = (req.prompt_len - 1) // bs
+            prefix = self.blocks.cached_prefix(req.block_hashes[:cacheable])
+            cached = len(prefix) * bs
+            new = min(req.prompt_len + req.generated - cached, budget)
+            if not self.blocks.allocate(req.table, cached + new, prefix):
+                break
+            waiting.popleft()
+            self._leave_waiting(req)
+            req.num_computed = cached
+            req.cached_blocks = len(prefix)
+            if req.scheduled_at is None:
+                req.scheduled_at = self.clock.now()
+                self.stats.queue.observe(max(req.scheduled_at - req.arrival, 0.0))
+            self.stats.prefix_queries += req.prompt_len
+            self.stats.prefix_hits += cached
+            if lora is not None:
+                if lora in self.loaded_loras:
+                    del self.loaded_loras[lora]
+                else:
+                    lora_load_us += cfg.lora_load_ms * 1000.0
+                    if len(self.loaded_loras) >= cfg.max_loras:
+                        self._evict_lora()
+                self.loaded_loras[lora] = None
+                self.running_loras[lora] = self.running_loras.get(lora, 0) + 1
+            self.running.append(req)
+            batch.append((req, new))
+            budget -= new
+            prefill_tokens += new
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+        return prefill_tokens, budget, lora_load_us
+
+    def _evict_lora(self) -> None:
+        """Free a LoRA slot: the least recently used adapter no running request needs."""
+        for name in self.loaded_loras:
+            if name not in self.running_loras:
+                del self.loaded_loras[name]
+                return
+
+    def _preempt(self, req: SimRequest) -> None:
+        """Recompute later: free the blocks and put the request back at the head of the queue."""
+        self._leave_running(req)
+        req.num_computed = 0
+        req.cached_blocks = 0
+        self.waiting.appendleft(req)
+        if req.lora is not None:
+            self.waiting_loras[req.lora] = self.waiting_loras.get(req.lora, 0) + 1
+        self.stats.preemptions += 1
+
+    def _leave_running(self, req: SimRequest) -> None:
+        self.blocks.free(req.table)
+        lora = req.lora
+        if lora is not None:
+            left = self.running_loras[lora] - 1
+            if left:
+                self.running_loras[lora] = left
+            else:
+                del self.running_loras[lora]
+
+    def _leave_waiting(self, req: SimRequest) -> None:
+        lora = req.lora
+        if lora is not None:
+            left = self.waiting_loras[lora] - 1
+            if left:
+                self.waiting_loras[lora] = left
+            else:
+                del self.waiting_loras[lora]
+
+    # -- committing -----------------------------------------------------------------------
+
+    def commit(self, batch: list[tuple[SimRequest, int]], t: float) -> None:
+        """Apply a step that ended at simulated time ``t``."""
+        stats = self.stats
+        blocks = self.blocks
+        bs = self.config.block_size
+        any_finished = False
+        itl_value = -1.0
+        itl_n = 0
+        for req, new in batch:
+            if req.finished:
+                continue  # aborted while the step ran
+            req.num_computed += new
+            hashes = req.block_hashes
+            if req.cached_blocks < len(hashes):
+                full = min(req.num_computed // bs, len(hashes))
+                table = req.table
+                for k in range(req.cached_blocks, full):
+                    blocks.cache(table[k], hashes[k])
+                if full > req.cached_blocks:
+                    req.cached_blocks = full
+            if req.num_computed < req.prompt_len + req.generated:
+                continue  # a prefill chunk; no token yet
+            req.generated += 1
+            stats.generation_tokens += 1
+            if req.first_token_at is None:
+                req.first_token_at = t
+                stats.prompt_tokens += req.prompt_len
+                stats.ttft.observe(max(t - req.arrival, 0.0))
+            else:
+                gap = t - req.last_token_at
+                # Most decoding requests share the same gap: observe them in one go.
+                if gap == itl_value:
+                    itl_n += 1
+                else:
+                    if itl_n:
+                        stats.itl.observe(itl_value, itl_n)
+                    itl_value, itl_n = gap, 1
+            req.last_token_at = t
+            if req.generated >= req.max_tokens:
+                self._leave_running(req)
+                req.finish(FINISH_LENGTH)
+                stats.success_length += 1
+                stats.e2e.observe(max(t - req.arrival, 0.0))
+                any_finished = True
+            elif req.generated >= req.wait_for:
+                req.wake()
+        if itl_n:
+            stats.itl.observe(itl_value, itl_n)
+        if any_finished:
+            self.running = [r for r in self.running if not r.finished]
+        self._update_lora_info()
+
+    def _update_lora_info(self) -> None:
+        # vLLM stamps the gauge with the wall time on every step.
+        label = (",".join(sorted(self.running_loras)), ",".join(sorted(self.waiting_loras)))
+        self.stats.set_lora_info(label[0], label[1], time.time())
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Step forever; wait on an event while idle rather than spin."""
+        clock = self.clock
+        stats = self.stats
+        scale = self.config.time_scale
+        anchor = clock.now()
+        while True:
+            if self.idle:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                anchor = clock.now()
+            batch, duration = self.step()
+            if not batch:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                anchor = clock.now()
+                continue
+            end = anchor + duration
+            late = await clock.sleep_until(end)
+            self.commit(batch, end)
+            stats.steps += 1
+            stats.step_lag.observe(late)
+            stats.step_planned_wall += duration / scale
+            stats.step_late_wall += late
+            if late > _MAX_CATCH_UP_S:
+                # Too far behind to catch up: the simulated GPU lost this time for good.
+                stats.step_behind_wall += late
+                anchor = clock.now()
+            else:
+                anchor = end
+
+    def shutdown(self) -> None:
+        """Abort everything still queued or running so no handler waits forever."""
+        for req in [*self.running, *self.waiting]:
+            self.abort(req)

@@ -1,0 +1,106 @@
+"""The KV cache block manager with automatic prefix caching, as vLLM v1 keeps it. Pure, no I/O.
+
+Blocks hold ``block_size`` tokens. A full prompt block gets the chained hash of its content and
+stays findable by that hash after its request finishes: a freed block with a hash is *cached*, and
+is only evicted (least recently freed first) when a request needs a fresh block. Free blocks
+without a hash go to the front of the eviction order, because they have nothing worth keeping.
+Usage, as vLLM reports it, counts cached-but-unreferenced blocks as free.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class BlockManager:
+    """Reference-counted blocks, a hash -> block map, and an LRU pool of free blocks."""
+
+    __slots__ = ("_block_hash", "_by_hash", "_free", "_ref", "block_size", "num_blocks")
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref = [0] * num_blocks
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._by_hash: dict[int, int] = {}
+        # Free pool in eviction order: first entry is evicted first.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        """Blocks not referenced by any request (cached or empty)."""
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks findable by hash, referenced or not."""
+        return len(self._by_hash)
+
+    def usage(self) -> float:
+        """vLLM's kv_cache_usage_perc: 1 - free/total, as a fraction."""
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def cached_prefix(self, hashes: Sequence[int]) -> list[int]:
+        """The blocks holding the longest cached prefix of ``hashes`` (nothing is touched)."""
+        out: list[int] = []
+        by_hash = self._by_hash
+        for h in hashes:
+            block = by_hash.get(h)
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    def allocate(self, table: list[int], num_tokens: int, prefix: Sequence[int] = ()) -> bool:
+        """Grow a request's block ``table`` to hold ``num_tokens``, taking ``prefix`` blocks first.
+
+        All or nothing: returns False and changes nothing when the free pool is too small.
+        """
+        needed = self.blocks_for(num_tokens) - len(table) - len(prefix)
+        ref = self._ref
+        # Cached prefix blocks nobody references sit in the free pool; taking them shrinks it.
+        reclaimed = sum(1 for b in prefix if ref[b] == 0)
+        if needed > len(self._free) - reclaimed:
+            return False
+        free = self._free
+        for b in prefix:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+            table.append(b)
+        for _ in range(max(needed, 0)):
+            b, _ = free.popitem(last=False)
+            old = self._block_hash[b]
+            if old is not None:
+                # Evicting a cached block: its content is gone.
+                self._block_hash[b] = None
+                if self._by_hash.get(old) == b:
+                    del self._by_hash[old]
+            ref[b] = 1
+            table.append(b)
+        return True
+
+    def cache(self, block: int, block_hash: int) -> None:
+        """Mark a full block as holding the content ``block_hash`` so later requests reuse it."""
+        if self._block_hash[block] is None and block_hash not in self._by_hash:
+            self._block_hash[block] = block_hash
+            self._by_hash[block_hash] = block
+
+    def free(self, table: list[int]) -> None:
+        """Release a request's blocks, tail first, so a prompt's shared head is evicted last."""
+        ref = self._ref
+        free = self._free
+        for b in reversed(table):
+            ref[b] -= 1
+            if ref[b] == 0:
+                free[b] = None
+                if self._block_hash[b] is None:
+                    free.move_to_end(b, last=False)
+        table.clear()

@@ -1,0 +1,195 @@
+"""/metrics in Prometheus text format, with vLLM v1's metric names, types, labels and buckets.
+
+Hand-rendered from precomputed line prefixes: the EPP scrapes every server about 20 times a second
+and one process hosts many servers, so a render is a few string joins. ``sim:*`` series are the
+simulator's own (how late its step loop runs) and never collide with vLLM's names.
+"""
+
+from __future__ import annotations
+
+from endpoint_picker_sim.config import EngineConfig
+from endpoint_picker_sim.engine import Engine
+from endpoint_picker_sim.stats import (
+    ITL_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    STEP_LAG_BUCKETS,
+    TTFT_BUCKETS,
+    Histogram,
+)
+
+
+def _esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _header(name: str, kind: str, doc: str) -> str:
+    return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
+
+
+class _HistogramLines:
+    """Precomputed text for one histogram series; only the numbers change per render."""
+
+    __slots__ = ("buckets", "count", "header", "sum")
+
+    def __init__(self, name: str, doc: str, labels: str, bounds: tuple[float, ...]) -> None:
+        self.header = _header(name, "histogram", doc)
+        les = [repr(float(b)) for b in bounds] + ["+Inf"]
+        self.buckets = [f'{name}_bucket{{{labels},le="{le}"}} ' for le in les]
+        self.count = f"{name}_count{{{labels}}} "
+        self.sum = f"{name}_sum{{{labels}}} "
+
+    def render(self, hist: Histogram, out: list[str]) -> None:
+        out.append(self.header)
+        total = 0
+        for prefix, n in zip(self.buckets, hist.counts, strict=True):
+            total += n
+            out.append(f"{prefix}{float(total)!r}\n")
+        out.append(f"{self.count}{float(hist.count)!r}\n")
+        out.append(f"{self.sum}{hist.sum!r}\n")
+
+
+class MetricsRenderer:
+    """Renders one engine's /metrics."""
+
+    def __init__(self, model_name: str, config: EngineConfig) -> None:
+        labels = f'model_name="{_esc(model_name)}",engine="0"'
+        self._labels = labels
+        self._max_lora = str(config.max_loras)
+        self._cache_info = (
+            _header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+            + "vllm:cache_config_info{"
+            + f'block_size="{config.block_size}",cache_dtype="auto",'
+            + 'enable_prefix_caching="True",gpu_memory_utilization="0.9",'
+            + f'num_gpu_blocks="{config.num_gpu_blocks}",{labels}}} 1.0\n'
+        )
+        self._ttft = _HistogramLines(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels,
+            TTFT_BUCKETS,
+        )
+        self._itl = _HistogramLines(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels,
+            ITL_BUCKETS,
+        )
+        self._e2e = _HistogramLines(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            labels,
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self._queue = _HistogramLines(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            labels,
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self._lag = _HistogramLines(
+            "sim:step_lag_seconds",
+            "Simulator: how late each engine step completed against its plan (wall seconds).",
+            labels,
+            STEP_LAG_BUCKETS,
+        )
+
+    def _gauge(self, out: list[str], name: str, doc: str, value: float) -> None:
+        out.append(f"{_header(name, 'gauge', doc)}{name}{{{self._labels}}} {float(value)!r}\n")
+
+    def _counter(self, out: list[str], name: str, doc: str, value: float) -> None:
+        out.append(
+            f"{_header(name, 'counter', doc)}{name}_total{{{self._labels}}} {float(value)!r}\n"
+        )
+
+    def render(self, engine: Engine) -> str:
+        """The full exposition text for ``engine`` right now."""
+        s = engine.stats
+        out: list[str] = []
+        g, c = self._gauge, self._counter
+        g(
+            out,
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            len(engine.running),
+        )
+        g(
+            out,
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            len(engine.waiting),
+        )
+        usage = engine.blocks.usage()
+        g(out, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
+        g(
+            out,
+            "vllm:gpu_cache_usage_perc",
+            "GPU KV-cache usage. 1 means 100 percent usage."
+            "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+            usage,
+        )
+        c(
+            out,
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            s.prefix_queries,
+        )
+        c(
+            out,
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            s.prefix_hits,
+        )
+        c(
+            out,
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            s.preemptions,
+        )
+        c(out, "vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
+        c(
+            out,
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            s.generation_tokens,
+        )
+        out.append(
+            _header("vllm:request_success", "counter", "Count of successfully processed requests.")
+        )
+        for reason, n in (("stop", 0), ("length", s.success_length), ("abort", s.success_abort)):
+            out.append(
+                f'vllm:request_success_total{{{self._labels},finished_reason="{reason}"}} '
+                f"{float(n)!r}\n"
+            )
+        self._ttft.render(s.ttft, out)
+        self._itl.render(s.itl, out)
+        self._e2e.render(s.e2e, out)
+        self._queue.render(s.queue, out)
+        out.append(_header("vllm:lora_requests_info", "gauge", "Running stats on lora requests."))
+        for (running, waiting), stamp in s.lora_info.items():
+            out.append(
+                f'vllm:lora_requests_info{{max_lora="{self._max_lora}",'
+                f'running_lora_adapters="{_esc(running)}",'
+                f'waiting_lora_adapters="{_esc(waiting)}",{self._labels}}} {stamp!r}\n'
+            )
+        out.append(self._cache_info)
+        self._lag.render(s.step_lag, out)
+        c(out, "sim:steps", "Simulator: engine steps run.", s.steps)
+        c(
+            out,
+            "sim:step_planned_seconds",
+            "Simulator: planned wall time of all steps.",
+            s.step_planned_wall,
+        )
+        c(
+            out,
+            "sim:step_late_seconds",
+            "Simulator: summed lateness of step completions.",
+            s.step_late_wall,
+        )
+        c(
+            out,
+            "sim:step_behind_seconds",
+            "Simulator: lateness given up on (too far behind to catch up).",
+            s.step_behind_wall,
+        )
+        return "".join(out)
