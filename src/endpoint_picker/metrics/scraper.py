@@ -30,8 +30,6 @@ from endpoint_picker.metrics.parser import parse_metrics
 from endpoint_picker.settings import ScrapeSettings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
-log = structlog.get_logger(__name__)
-
 METRICS_PATH = "/metrics"
 DEFAULT_CPU_BUDGET = 0.5  # a fraction of one core
 _LOG_EVERY = 30.0  # seconds between two reports of one endpoint's ongoing failure
@@ -73,6 +71,8 @@ class ScrapeManager:
         self._settings = settings
         self._on_snapshot = on_snapshot
         self._clock = clock
+        # Per instance, so that a manager logs through the configuration current at its birth.
+        self._log = structlog.get_logger(__name__)
         self._engines = engine_names(settings)
         self._unknown_engines: set[str] = set()
         stale = settings.staleness_threshold
@@ -154,7 +154,7 @@ class ScrapeManager:
         if names is None:
             if engine not in self._unknown_engines:
                 self._unknown_engines.add(engine)
-                log.warning(
+                self._log.warning(
                     "unknown engine type, scraping with the default engine's names",
                     engine=engine,
                     default=default,
@@ -193,7 +193,7 @@ class ScrapeManager:
             self._failed(target, exc, unexpected=True)
             return
         if target.failures:
-            log.info(
+            self._log.info(
                 "scrape recovered", endpoint=target.endpoint.hostport, failures=target.failures
             )
             target.failures = target.failures_since_log = 0
@@ -217,7 +217,7 @@ class ScrapeManager:
         now = self._clock()
         if now - target.last_logged < _LOG_EVERY:
             return
-        log.warning(
+        self._log.warning(
             "scrape failed" if target.failures == 1 else "scrape still failing",
             endpoint=target.endpoint.hostport,
             pod=target.endpoint.pod_name,
