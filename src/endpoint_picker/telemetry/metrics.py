@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -117,6 +118,7 @@ _INPUT_TOKEN_BUCKETS = (
     1048576,
 )
 _OUTPUT_TOKEN_BUCKETS = _RESPONSE_SIZE_BUCKETS
+_PENDING_LIMIT = 4096  # queued timings folded into histograms at most this far behind
 _SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
@@ -158,6 +160,24 @@ class _PoolCollector(Collector):
             if stats is not None:
                 family.add_metric([stats.name], value(stats))
             yield family
+
+
+class _Children:
+    """Cached ``metric.labels(...)`` children: prometheus_client's lookup costs microseconds."""
+
+    _LIMIT = 10_000  # client-chosen model names must not grow the cache without bound
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *labels: str) -> Any:
+        child = self._cache.get(labels)
+        if child is None:
+            if len(self._cache) >= self._LIMIT:
+                self._cache.clear()
+            child = self._cache[labels] = self._metric.labels(*labels)
+        return child
 
 
 class EppMetrics:
@@ -236,28 +256,57 @@ class EppMetrics:
             buckets=_SCHEDULER_BUCKETS,
             registry=r,
         )
+        self._pending_plugins: list[tuple[str, str, str, float]] = []
+        self._pending_cycles: list[float] = []
+        # label children resolved once per label set (the hot path)
+        self._input_tokens = _Children(self.input_tokens)
+        self._output_tokens = _Children(self.output_tokens)
+        self._plugin_duration_hist = _Children(self.plugin_duration_hist)
+        self._request_duration = _Children(self.request_duration)
+        self._request_error_total = _Children(self.request_error_total)
+        self._request_sizes = _Children(self.request_sizes)
+        self._request_total = _Children(self.request_total)
+        self._response_sizes = _Children(self.response_sizes)
+        self._running_requests = _Children(self.running_requests)
         if pool_stats is not None:
             r.register(_PoolCollector(pool_stats))
 
     # -- the scheduler's observer protocol ----------------------------------------------------
 
+    # Timings arrive several times per request; a histogram observation costs microseconds
+    # (locks, bucket scan), so they are queued and folded in before each exposition instead.
+
     def plugin_duration(
         self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float
     ) -> None:
-        self.plugin_duration_hist.labels(extension_point, plugin_type, plugin_name).observe(seconds)
+        self._pending_plugins.append((extension_point, plugin_type, plugin_name, seconds))
+        if len(self._pending_plugins) >= _PENDING_LIMIT:
+            self.flush()
 
     def scheduler_duration(self, seconds: float) -> None:
-        self.scheduler_e2e.observe(seconds)
+        self._pending_cycles.append(seconds)
+        if len(self._pending_cycles) >= _PENDING_LIMIT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Fold queued timings into their histograms (called before every exposition)."""
+        plugins, self._pending_plugins = self._pending_plugins, []
+        cycles, self._pending_cycles = self._pending_cycles, []
+        for extension_point, plugin_type, plugin_name, seconds in plugins:
+            self._plugin_duration_hist(extension_point, plugin_type, plugin_name).observe(seconds)
+        observe = self.scheduler_e2e.observe
+        for seconds in cycles:
+            observe(seconds)
 
     # -- request lifecycle ----------------------------------------------------------------------
 
     def request_started(self, model: str, target: str, request_bytes: int) -> None:
-        self.request_total.labels(model, target).inc()
-        self.request_sizes.labels(model, target).observe(request_bytes)
-        self.running_requests.labels(model).inc()
+        self._request_total(model, target).inc()
+        self._request_sizes(model, target).observe(request_bytes)
+        self._running_requests(model).inc()
 
     def request_failed(self, model: str, target: str, error_code: str) -> None:
-        self.request_error_total.labels(model, target, error_code).inc()
+        self._request_error_total(model, target, error_code).inc()
 
     def request_finished(
         self,
@@ -269,17 +318,18 @@ class EppMetrics:
         input_tokens: int | None,
         output_tokens: int | None,
     ) -> None:
-        self.running_requests.labels(model).dec()
-        self.request_duration.labels(model, target).observe(seconds)
-        self.response_sizes.labels(model, target).observe(response_bytes)
+        self._running_requests(model).dec()
+        self._request_duration(model, target).observe(seconds)
+        self._response_sizes(model, target).observe(response_bytes)
         if input_tokens is not None:
-            self.input_tokens.labels(model, target).observe(input_tokens)
+            self._input_tokens(model, target).observe(input_tokens)
         if output_tokens is not None:
-            self.output_tokens.labels(model, target).observe(output_tokens)
+            self._output_tokens(model, target).observe(output_tokens)
 
     def request_abandoned(self, model: str) -> None:
         """A routed request whose stream ended before its response did."""
-        self.running_requests.labels(model).dec()
+        self._running_requests(model).dec()
 
     def render(self) -> bytes:
+        self.flush()
         return generate_latest(self.registry)
