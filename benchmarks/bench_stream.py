@@ -14,6 +14,9 @@ import random
 import statistics
 import time
 
+from tests.support.extproc import body, headers, json_body, response_body, response_headers
+from tests.support.pool import model, pod, pool, pool_yaml
+
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
 from endpoint_picker.director import Director
@@ -23,8 +26,6 @@ from endpoint_picker.settings import SchedulingSettings
 from endpoint_picker.telemetry.logs import configure_logging
 from endpoint_picker.telemetry.metrics import EppMetrics
 from endpoint_picker.types import MetricsSnapshot
-from tests.support.extproc import body, headers, json_body, response_body, response_headers
-from tests.support.pool import model, pod, pool, pool_yaml
 
 
 def build(endpoints: int) -> tuple[Director, EppMetrics]:
