@@ -23,6 +23,7 @@ def _esc(value: str) -> str:
 
 
 def _header(name: str, kind: str, doc: str) -> str:
+    # Counters are announced by their _total name, as prometheus_client (so vLLM) writes them.
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
 
 
@@ -98,7 +99,8 @@ class MetricsRenderer:
 
     def _counter(self, out: list[str], name: str, doc: str, value: float) -> None:
         out.append(
-            f"{_header(name, 'counter', doc)}{name}_total{{{self._labels}}} {float(value)!r}\n"
+            f"{_header(name + '_total', 'counter', doc)}"
+            f"{name}_total{{{self._labels}}} {float(value)!r}\n"
         )
 
     def render(self, engine: Engine) -> str:
@@ -153,7 +155,9 @@ class MetricsRenderer:
             s.generation_tokens,
         )
         out.append(
-            _header("vllm:request_success", "counter", "Count of successfully processed requests.")
+            _header(
+                "vllm:request_success_total", "counter", "Count of successfully processed requests."
+            )
         )
         for reason, n in (("stop", 0), ("length", s.success_length), ("abort", s.success_abort)):
             out.append(

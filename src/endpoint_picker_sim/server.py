@@ -55,6 +55,7 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self._engine_task: asyncio.Task[None] | None = None
         self.url = ""
+        self.port = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -82,7 +83,9 @@ class SimServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()
-        self.url = f"http://{host}:{port}"
+        # The bound port, so port 0 (tests) reports the one the kernel chose.
+        self.port = self._runner.addresses[0][1]
+        self.url = f"http://{host}:{self.port}"
 
     def _engine_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

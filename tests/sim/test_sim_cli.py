@@ -1,0 +1,114 @@
+"""``epp sim`` flags (vLLM spellings included), bad-flag handling, and a real process run."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+
+import aiohttp
+import pytest
+
+from endpoint_picker_sim.cli import UsageError, build_config, main
+from endpoint_picker_sim.cluster import running_servers
+
+
+def test_defaults_follow_the_profile() -> None:
+    """Only --model is required; KV capacity and step costs come from the default profile."""
+    sim = build_config(["--model", "m"])
+    eng = sim.server.engine
+    assert (sim.servers, sim.address, sim.port) == (1, "127.0.0.2", 8000)
+    assert (eng.num_gpu_blocks, eng.block_size, eng.max_num_seqs) == (27000, 16, 256)
+    assert eng.max_num_batched_tokens == 8192
+    assert eng.profile.name == "llama-3.1-8b-h100"
+    assert eng.max_model_len == 131072
+
+
+def test_vllm_spellings_and_lora_module_forms() -> None:
+    """--host, --num-gpu-blocks-override, and --lora-modules as name=path, spaces or commas."""
+    sim = build_config(
+        ["--model", "m", "--host", "127.0.0.9", "--num-gpu-blocks-override", "100",
+         "--lora-modules", "a=/p/a", "b", "--lora-modules", "c,d=/p/d"]
+    )  # fmt: skip
+    assert sim.address == "127.0.0.9"
+    assert sim.server.engine.num_gpu_blocks == 100
+    assert sim.server.engine.max_model_len == 1600  # capped by the KV cache, as vLLM would
+    mods = [(m.name, m.path) for m in sim.server.lora_modules]
+    assert mods == [("a", "/p/a"), ("b", "/adapters/b"), ("c", "/adapters/c"), ("d", "/p/d")]
+
+
+def test_profile_coefficients_can_be_overridden() -> None:
+    """Each step-time coefficient has its own flag."""
+    sim = build_config(["--model", "m", "--prefill-us-per-token", "10", "--step-base-us", "0"])
+    profile = sim.server.engine.profile
+    assert (profile.prefill_us_per_token, profile.base_us) == (10.0, 0.0)
+    assert profile.prefill_floor_us == 5680.0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--model", "m", "--servers", "0"],
+        ["--model", "m", "--failure-rate", "2"],
+        ["--model", "m", "--failure-codes", "abc"],
+        ["--model", "m", "--profile", "nope"],
+        ["--model", "m", "--max-model-len", "999999999"],
+        ["--model", "m", "--bogus"],
+        ["--model", "m", "--address", "not-an-ip"],
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad command line prints exactly one error line and returns 2."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("epp sim: error: ")
+    with pytest.raises(UsageError):
+        build_config(argv)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+async def test_several_servers_share_one_loop_on_consecutive_addresses() -> None:
+    """--servers 3 listens on 127.0.0.5-7, same port, each with its own engine."""
+    port = _free_port("127.0.0.5")
+    sim = build_config(["--model", "m", "--servers", "3", "--address", "127.0.0.5",
+                        "--port", str(port), "--time-scale", "50"])  # fmt: skip
+    async with running_servers(sim) as servers, aiohttp.ClientSession() as http:
+        assert [s.url for s in servers] == [f"http://127.0.0.{i}:{port}" for i in (5, 6, 7)]
+        for server in servers:
+            async with http.post(f"{server.url}/v1/completions", json={"prompt": "x"}) as resp:
+                assert resp.status == 200
+        assert [s.engine.stats.generation_tokens for s in servers] == [16, 16, 16]
+        assert len({id(s.engine) for s in servers}) == 3
+
+
+async def test_process_logs_each_server_and_stops_on_sigterm() -> None:
+    """``python -m endpoint_picker_sim`` logs one line per server and exits 0 on SIGTERM."""
+    port = _free_port("127.0.0.8")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "endpoint_picker_sim", "--model", "m", "--servers", "2",
+        "--address", "127.0.0.8", "--port", str(port),
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    lines = [await asyncio.wait_for(proc.stderr.readline(), 20) for _ in range(2)]
+    assert b"127.0.0.8" in lines[0]
+    assert b"127.0.0.9" in lines[1]
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.9:{port}/health") as resp,
+    ):
+        assert resp.status == 200
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
+    rest = await proc.stderr.read()
+    assert b"Traceback" not in rest
