@@ -31,7 +31,7 @@ run: $(STAMP)
 	$(BIN)/python -m endpoint_picker.devrun
 
 bench: $(STAMP)
-	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
+	for f in benchmarks/bench_*.py; do PYTHONPATH=. $(BIN)/python $$f || exit 1; done
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -144,7 +144,9 @@ class App:
                 else self_signed_certificate()
             )
         host = server_settings.bind_address
-        processor = ExternalProcessor(director, self.metrics, self._clock)
+        processor = ExternalProcessor(
+            director, self.metrics, self._clock, server_settings.max_request_body_bytes
+        )
         ext_server, ext_port = build_ext_proc_server(
             processor, self.health, _format_address(host, server_settings.grpc_port), tls
         )

@@ -115,6 +115,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM, how long open streams may finish",
     )
     p.add_argument(
+        "--max-request-body-size",
+        type=COUNT,
+        default=d.server.max_request_body_bytes,
+        metavar="BYTES",
+        help="larger request bodies are refused with 413",
+    )
+    p.add_argument(
         "--refresh-metrics-interval",
         type=DURATION,
         default=d.scrape.refresh_interval,
@@ -190,6 +197,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             secure_serving=args.secure_serving,
             cert_path=args.cert_path,
             drain_timeout=args.drain_timeout,
+            max_request_body_bytes=args.max_request_body_size,
         ),
         pool=PoolSettings(
             pool_file=args.pool_file,

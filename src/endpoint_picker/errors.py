@@ -8,6 +8,7 @@ gRPC statuses or exit codes, nothing below it does::
     └── RequestError                one request cannot be routed (an HTTP status)
         ├── BadRequestError         400: malformed JSON, missing fields
         ├── ModelNotFoundError      404: no InferenceModel serves the model
+        ├── PayloadTooLargeError    413: a body over --max-request-body-size
         ├── TooManyRequestsError    429: a sheddable request to a saturated pool
         ├── ServiceUnavailableError 503: no eligible ready endpoint
         └── InternalError           500: unsupported processing mode, bugs
@@ -23,6 +24,7 @@ class ErrorCode(Enum):
 
     BAD_REQUEST = (400, "BadRequest")
     NOT_FOUND = (404, "NotFound")
+    PAYLOAD_TOO_LARGE = (413, "PayloadTooLarge")
     RESOURCE_EXHAUSTED = (429, "ResourceExhausted")
     SERVICE_UNAVAILABLE = (503, "ServiceUnavailable")
     INTERNAL = (500, "Internal")
@@ -67,6 +69,10 @@ class BadRequestError(RequestError):
 
 class ModelNotFoundError(RequestError):
     code = ErrorCode.NOT_FOUND
+
+
+class PayloadTooLargeError(RequestError):
+    code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
 class TooManyRequestsError(RequestError):

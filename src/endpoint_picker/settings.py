@@ -61,6 +61,8 @@ class ServerSettings:
     secure_serving: bool = True
     cert_path: Path | None = None  # a folder with tls.crt and tls.key; None: self-signed
     drain_timeout: float = 30.0  # seconds open streams get to finish after SIGTERM
+    # The EPP holds a whole request body before routing it: refuse (413) beyond this.
+    max_request_body_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -170,8 +171,6 @@ async def test_v1_pool_passes_unknown_models(tmp_path: Path) -> None:
 
 async def test_fallback_endpoints_listed(tmp_path: Path) -> None:
     """--max-fallback-endpoints 1 lists two distinct endpoints, same in header and metadata."""
-    from dataclasses import replace
-
     settings = make_settings(tmp_path, BASIC)
     settings = replace(settings, scheduling=replace(settings.scheduling, max_fallback_endpoints=1))
     async with running_app(settings) as (_, client):
@@ -270,3 +269,16 @@ async def test_cancelled_stream_leaves_nothing_behind(tmp_path: Path) -> None:
             if t.get_name() not in before and "AioServer._request" not in repr(t)
         ]
         assert not extra, [t.get_coro() for t in extra]
+
+
+async def test_body_over_the_limit_is_413_and_forgotten(tmp_path: Path) -> None:
+    """A body over the EPP's limit is refused with 413 before it is all buffered."""
+    settings = make_settings(tmp_path, BASIC)
+    settings = replace(settings, server=replace(settings.server, max_request_body_bytes=100_000))
+    async with running_app(settings) as (_, client):
+        out = await client.exchange(
+            [headers(), body(b"x" * 60_000, False), body(b"x" * 60_000, False), body(b"}")]
+        )
+    status, error = error_of(out[0])
+    assert (status, error["error"]["type"]) == (413, "PayloadTooLarge")
+    assert len(out) == 1

@@ -29,17 +29,19 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         director: Director,
         metrics: EppMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_body_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self._director = director
         self._metrics = metrics
         self._clock = clock
+        self._max_body_bytes = max_body_bytes
 
     async def Process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self._director, self._metrics, self._clock)
+        stream = RequestStream(self._director, self._metrics, self._clock, self._max_body_bytes)
         try:
             async for message in request_iterator:
                 for response in stream.handle(message):

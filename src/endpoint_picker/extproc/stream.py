@@ -17,7 +17,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from endpoint_picker.director import Director, RoutingDecision
-from endpoint_picker.errors import ErrorCode, InternalError, RequestError
+from endpoint_picker.errors import ErrorCode, InternalError, PayloadTooLargeError, RequestError
 from endpoint_picker.extproc import responses, wire
 from endpoint_picker.telemetry.metrics import EppMetrics
 from endpoint_picker.telemetry.usage import UsageReader
@@ -72,8 +72,10 @@ class RequestStream:
         director: Director,
         metrics: EppMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_body_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self._director = director
+        self._max_body_bytes = max_body_bytes
         self._metrics = metrics
         self._clock = clock
         self.finished = False
@@ -96,6 +98,11 @@ class RequestStream:
 
     def handle(self, message: pb.ProcessingRequest) -> Responses:
         kind = message.WhichOneof("request")
+        if message.HasField("protocol_config"):
+            # On the stream's first message, which is response_headers when a filter before
+            # ext_proc answered locally (e.g. the buffer filter's 413).
+            self._request_mode = message.protocol_config.request_body_mode
+            self._response_mode = message.protocol_config.response_body_mode
         try:
             if kind == "request_headers":
                 return self._on_request_headers(message)
@@ -122,9 +129,6 @@ class RequestStream:
     # -- request path ---------------------------------------------------------------------------
 
     def _on_request_headers(self, message: pb.ProcessingRequest) -> Responses:
-        if message.HasField("protocol_config"):
-            self._request_mode = message.protocol_config.request_body_mode
-            self._response_mode = message.protocol_config.response_body_mode
         headers = message.request_headers
         for header in headers.headers.headers:
             key = header.key.lower()
@@ -156,6 +160,11 @@ class RequestStream:
         if self._decision is not None:  # chunks after routing (e.g. before trailers): pass on
             return [responses.streamed_request_body(body.body, body.end_of_stream)]
         self._body += body.body
+        if len(self._body) > self._max_body_bytes:
+            self._body = bytearray()
+            raise PayloadTooLargeError(
+                f"request body exceeds the EPP's limit of {self._max_body_bytes} bytes"
+            )
         if not body.end_of_stream:
             return []
         return self._route_body(end_of_stream=True)
