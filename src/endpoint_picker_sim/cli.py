@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import json
 import logging
 import signal
 import sys
@@ -73,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
 def _loras(values: list[str]) -> tuple[LoraModule, ...]:
     out: dict[str, LoraModule] = {}
     for value in values:
+        if value.lstrip().startswith("{"):
+            # vLLM's JSON form: {"name": ..., "path": ..., "base_model_name": ...}
+            try:
+                spec = json.loads(value)
+                out[spec["name"]] = LoraModule(str(spec["name"]), str(spec["path"]))
+            except (ValueError, KeyError, TypeError):
+                raise UsageError(f"--lora-modules: bad JSON entry {value!r}") from None
+            continue
         for item in filter(None, (part.strip() for part in value.split(","))):
             name, sep, path = item.partition("=")
             if not name or (sep and not path):

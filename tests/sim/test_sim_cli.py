@@ -26,16 +26,23 @@ def test_defaults_follow_the_profile() -> None:
 
 
 def test_vllm_spellings_and_lora_module_forms() -> None:
-    """--host, --num-gpu-blocks-override, and --lora-modules as name=path, spaces or commas."""
+    """--host, --num-gpu-blocks-override; --lora-modules as name=path, JSON, spaces or commas."""
     sim = build_config(
         ["--model", "m", "--host", "127.0.0.9", "--num-gpu-blocks-override", "100",
-         "--lora-modules", "a=/p/a", "b", "--lora-modules", "c,d=/p/d"]
+         "--lora-modules", "a=/p/a", "b", "--lora-modules", "c,d=/p/d",
+         "--lora-modules", '{"name": "e", "path": "/p/e"}']
     )  # fmt: skip
     assert sim.address == "127.0.0.9"
     assert sim.server.engine.num_gpu_blocks == 100
     assert sim.server.engine.max_model_len == 1600  # capped by the KV cache, as vLLM would
     mods = [(m.name, m.path) for m in sim.server.lora_modules]
-    assert mods == [("a", "/p/a"), ("b", "/adapters/b"), ("c", "/adapters/c"), ("d", "/p/d")]
+    assert mods == [
+        ("a", "/p/a"),
+        ("b", "/adapters/b"),
+        ("c", "/adapters/c"),
+        ("d", "/p/d"),
+        ("e", "/p/e"),
+    ]
 
 
 def test_profile_coefficients_can_be_overridden() -> None:
