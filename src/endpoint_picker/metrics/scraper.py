@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from time import perf_counter
+from time import thread_time
 
 import aiohttp
 import structlog
@@ -102,6 +102,8 @@ class ScrapeManager:
             return
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            read_bufsize=1 << 18,  # a whole page in few reads
             timeout=aiohttp.ClientTimeout(total=self._settings.timeout),
             headers=_HEADERS,
             raise_for_status=False,
@@ -177,9 +179,9 @@ class ScrapeManager:
         metered = Metered(self._fetch(target.url))
         try:
             body = await metered
-            parse_started = perf_counter()
+            parse_started = thread_time()
             snapshot = parse_metrics(body, target.names, self._clock())
-            self.budget.record(metered.cpu + perf_counter() - parse_started)
+            self.budget.record(metered.cpu + thread_time() - parse_started)
         except (aiohttp.ClientError, TimeoutError, EppError) as exc:
             self.budget.record(metered.cpu)
             self._failed(target, exc)

@@ -13,7 +13,7 @@ from endpoint_picker.metrics.budget import Metered, ScrapeBudget
 def budget(
     cost: float, cpu_budget: float = 0.5, base: float = 0.05, cap: float = 0.5
 ) -> ScrapeBudget:
-    meter = ScrapeBudget(base, cpu_budget, cap)
+    meter = ScrapeBudget(base, cpu_budget, cap, overhead=1.0)
     meter.record(cost)
     return meter
 
@@ -46,7 +46,7 @@ def test_cpu_share_stays_within_budget_until_the_cap(endpoints: int, expected_sh
 
 def test_cost_is_a_moving_average() -> None:
     """The first sample sets the cost; later ones move it by the smoothing weight."""
-    meter = ScrapeBudget(0.05, 0.5, 0.5, smoothing=0.5)
+    meter = ScrapeBudget(0.05, 0.5, 0.5, smoothing=0.5, overhead=1.0)
     meter.record(0.002)
     assert meter.cost_per_scrape == pytest.approx(0.002)
     meter.record(0.004)
@@ -57,14 +57,22 @@ def test_cost_is_a_moving_average() -> None:
     assert meter.samples == 52
 
 
+def test_samples_are_scaled_by_the_unseen_overhead() -> None:
+    """Metered samples are scaled up to the CPU the event loop spends around them."""
+    meter = ScrapeBudget(0.05, 0.5, 0.5, overhead=2.0)
+    meter.record(0.001)
+    assert meter.cost_per_scrape == pytest.approx(0.002)
+    assert meter.interval(100) == pytest.approx(0.4)
+
+
 def test_max_interval_never_below_refresh_interval() -> None:
     """A cap below the base interval is raised to it."""
     assert budget(1.0, cap=0.01).interval(100) == pytest.approx(0.05)
 
 
-def busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+def busy(cpu_seconds: float) -> None:
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
         pass
 
 
