@@ -1,0 +1,96 @@
+"""Module-scoped e2e fixtures: backends, and one EPP + Envoy per shipped variant."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from endpoint_picker.app import App
+from endpoint_picker.envoy_config import VARIANTS
+from tests.e2e.harness import (
+    ENVOY,
+    Backend,
+    Envoy,
+    add_subset_hint_filter,
+    backends,
+    e2e_pool,
+    running_envoy,
+    running_epp,
+)
+
+ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if ENVOY.exists():
+        return
+    skip = pytest.mark.skip(reason=f"no Envoy binary at {ENVOY}")
+    for item in items:
+        if "e2e" in item.keywords:
+            item.add_marker(skip)
+
+
+@dataclass
+class Stack:
+    """One variant's Envoy in front of the in-process EPP and the backends."""
+
+    variant: str
+    envoy: Envoy
+    epp: App
+    backends: list[Backend]
+
+    def backend(self, hostport: str) -> Backend:
+        return next(b for b in self.backends if b.hostport == hostport)
+
+    def all_received(self) -> list[tuple[Backend, int]]:
+        return [(b, len(b.received)) for b in self.backends if b.received]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool_backends() -> AsyncIterator[list[Backend]]:
+    async with backends(ADDRESSES) as servers:
+        yield servers
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=VARIANTS)
+async def stack(
+    request: pytest.FixtureRequest,
+    pool_backends: list[Backend],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Stack]:
+    variant: str = request.param
+    tmp = tmp_path_factory.mktemp(variant)
+    fallbacks = 1 if variant == "fallback" else 0
+    async with (
+        running_epp(tmp, e2e_pool(pool_backends), fallbacks=fallbacks) as epp,
+        running_envoy(
+            tmp,
+            variant,
+            epp_port=epp.ports.ext_proc,
+            endpoints=[b.hostport for b in pool_backends],
+            tweak=add_subset_hint_filter,
+            max_request_bytes=1024 * 1024,
+        ) as envoy,
+    ):
+        yield Stack(variant, envoy, epp, pool_backends)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout) as client:
+        yield client
+
+
+@pytest.fixture(autouse=True)
+def _fresh_records(request: pytest.FixtureRequest) -> None:
+    """Each test sees only what its own requests delivered to the backends."""
+    servers: list[Backend] = []
+    if "pool_backends" in request.fixturenames:
+        servers = request.getfixturevalue("pool_backends")
+    for server in servers:
+        server.received.clear()

@@ -1,0 +1,138 @@
+"""Failures through a real Envoy: endpoints down, fallback retries, the EPP down."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from endpoint_picker.envoy_config import VARIANTS
+from tests.e2e.harness import (
+    Backend,
+    backends,
+    e2e_pool,
+    post,
+    running_envoy,
+    running_epp,
+    wait_scraped,
+)
+from tests.support.model_servers import free_port, vllm_metrics
+
+pytestmark = pytest.mark.e2e
+
+DESTINATION = "x-gateway-destination-endpoint"
+PAYLOAD = {"model": "m", "prompt": "hello"}
+
+
+@pytest_asyncio.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as client:
+        yield client
+
+
+@pytest_asyncio.fixture
+async def ranked() -> AsyncIterator[list[Backend]]:
+    """Three backends the EPP ranks in order: idle, a little busy, very busy."""
+    async with backends(("127.0.0.5", "127.0.0.6", "127.0.0.7")) as servers:
+        servers[0].metrics_text = vllm_metrics(waiting=0, kv=0.0)
+        servers[1].metrics_text = vllm_metrics(waiting=3, kv=0.3)
+        servers[2].metrics_text = vllm_metrics(waiting=40, kv=0.9)
+        yield servers
+
+
+async def test_fallback_retry_lands_on_the_second_endpoint_when_the_first_is_down(
+    tmp_path: Path, ranked: list[Backend], session: aiohttp.ClientSession
+) -> None:
+    """Fallback variant: first endpoint refuses connections; the retry serves from the second."""
+    first, second, third = ranked
+    async with running_epp(tmp_path, e2e_pool(ranked), fallbacks=1, staleness_threshold=60) as epp:
+        await wait_scraped(epp)
+        endpoints = [b.hostport for b in ranked]
+        async with running_envoy(
+            tmp_path, "fallback", epp_port=epp.ports.ext_proc, endpoints=endpoints
+        ) as envoy:
+            await first.stop()  # the EPP still believes it idle (its last metrics are fresh)
+            for _ in range(3):
+                reply = await post(session, envoy.url, PAYLOAD)
+                assert reply.status == 200, (reply.body, envoy.log_tail())
+                assert reply.json["served_by"] == second.hostport
+            assert [r.headers[DESTINATION] for r in second.received] == [
+                f"{first.hostport},{second.hostport}"
+            ] * 3
+            assert not third.received
+
+
+async def test_fallback_answers_503_when_every_named_endpoint_is_down(
+    tmp_path: Path, ranked: list[Backend], session: aiohttp.ClientSession
+) -> None:
+    """Fallback variant fails closed: the EPP's list exhausted, Envoy picks no other endpoint."""
+    first, second, third = ranked
+    async with running_epp(tmp_path, e2e_pool(ranked), fallbacks=1, staleness_threshold=60) as epp:
+        await wait_scraped(epp)
+        endpoints = [b.hostport for b in ranked]
+        async with running_envoy(
+            tmp_path, "fallback", epp_port=epp.ports.ext_proc, endpoints=endpoints
+        ) as envoy:
+            await first.stop()
+            await second.stop()
+            reply = await post(session, envoy.url, PAYLOAD)
+            assert reply.status == 503, reply.body
+            assert not third.received
+
+
+async def test_reference_answers_503_for_a_list_of_endpoints(
+    tmp_path: Path, ranked: list[Backend], session: aiohttp.ClientSession
+) -> None:
+    """ORIGINAL_DST routes to one address only: an EPP sending fallbacks gets Envoy's 503."""
+    async with (
+        running_epp(tmp_path, e2e_pool(ranked), fallbacks=1) as epp,
+        running_envoy(tmp_path, "reference", epp_port=epp.ports.ext_proc) as envoy,
+    ):
+        reply = await post(session, envoy.url, PAYLOAD)
+    assert reply.status == 503, reply.body
+    assert not any(b.received for b in ranked)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_epp_stopped_fails_closed_even_with_a_client_destination_header(
+    tmp_path: Path, variant: str, ranked: list[Backend], session: aiohttp.ClientSession
+) -> None:
+    """EPP stopped (FailClose): 5xx, and a client-sent destination header reaches no backend."""
+    endpoints = [b.hostport for b in ranked]
+    async with (
+        running_epp(tmp_path, e2e_pool(ranked)) as epp,
+        running_envoy(tmp_path, variant, epp_port=epp.ports.ext_proc, endpoints=endpoints) as envoy,
+    ):
+        assert (await post(session, envoy.url, PAYLOAD)).status == 200
+        await epp.stop(drain_timeout=0.2)
+        for backend in ranked:
+            backend.received.clear()
+        for spoof in ({}, {DESTINATION: ranked[2].hostport}):
+            reply = await post(session, envoy.url, PAYLOAD, headers=spoof)
+            assert reply.status == 500, reply.body
+    assert not any(b.received for b in ranked)
+
+
+@pytest.mark.parametrize(
+    ("variant", "status"),
+    # Envoy 1.40 ignores failure_mode_allow once FULL_DUPLEX_STREAMED bodies went out: 500.
+    [("reference", 500), ("fallback", 500), ("buffered", 503)],
+)
+async def test_fail_open_without_an_epp_still_never_lets_the_client_choose(
+    tmp_path: Path, variant: str, status: int, ranked: list[Backend], session: aiohttp.ClientSession
+) -> None:
+    """failure_mode_allow=true, no EPP: unrouted, so 503 (or 500); a client header is dropped."""
+    endpoints = [b.hostport for b in ranked]
+    async with running_envoy(
+        tmp_path,
+        variant,
+        epp_port=free_port(),  # nothing listens there
+        endpoints=endpoints,
+        failure_mode_allow=True,
+    ) as envoy:
+        reply = await post(session, envoy.url, PAYLOAD, headers={DESTINATION: ranked[0].hostport})
+    assert reply.status == status, reply.body
+    assert not any(b.received for b in ranked)

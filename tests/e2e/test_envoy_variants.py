@@ -1,0 +1,172 @@
+"""Every shipped Envoy configuration, for real: Envoy -> EPP (TLS) -> backends on 127.0.0.x."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.e2e.conftest import Stack
+from tests.e2e.harness import SSE_CHUNKS, SSE_DELAY, post
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+DESTINATION = "x-gateway-destination-endpoint"
+
+
+def _only_delivery(stack: Stack) -> tuple[str, dict[str, str], bytes]:
+    """The one request the backends received: (backend, headers, body)."""
+    delivered = [(b, r) for b in stack.backends for r in b.received]
+    assert len(delivered) == 1, [(b.hostport, r.headers.get(DESTINATION)) for b, r in delivered]
+    backend, record = delivered[0]
+    return backend.hostport, record.headers, record.body
+
+
+async def test_requests_land_on_the_endpoint_the_epp_named(
+    stack: Stack, session: aiohttp.ClientSession
+) -> None:
+    """Each request reaches the backend that is first in the EPP's destination header."""
+    served: set[str] = set()
+    for _ in range(6):
+        for backend in stack.backends:
+            backend.received.clear()
+        reply = await post(session, stack.envoy.url, {"model": "m", "prompt": "hello"})
+        assert reply.status == 200, reply.body
+        hostport, headers, _ = _only_delivery(stack)
+        named = headers[DESTINATION].split(",")
+        assert named[0] == hostport == reply.json["served_by"]
+        assert len(named) == (2 if stack.variant == "fallback" else 1)
+        served.add(hostport)
+    assert served <= {b.hostport for b in stack.backends}
+
+
+async def test_traffic_split_rewrites_the_model_and_content_length(
+    stack: Stack, session: aiohttp.ClientSession
+) -> None:
+    """A split model reaches the backend rewritten, with a content-length that matches."""
+    payload = {"model": "split", "prompt": "hi", "temperature": 0.5}
+    reply = await post(session, stack.envoy.url, payload)
+    assert reply.status == 200, reply.body
+    _, headers, body = _only_delivery(stack)
+    assert orjson.loads(body) == {**payload, "model": "m-v2"}
+    if "content-length" in headers:
+        assert int(headers["content-length"]) == len(body)
+    else:
+        assert headers.get("transfer-encoding") == "chunked"
+
+
+@pytest.mark.parametrize(
+    ("payload", "extra", "status", "kind"),
+    [
+        pytest.param(None, {}, 400, "BadRequest", id="bad-json"),
+        pytest.param({"model": "nope", "prompt": "x"}, {}, 404, "NotFound", id="unknown-model"),
+        pytest.param(
+            {"model": "m", "prompt": "x"},
+            {"x-test-subset": "10.9.9.9:1"},
+            503,
+            "ServiceUnavailable",
+            id="empty-subset",
+        ),
+    ],
+)
+async def test_epp_errors_reach_the_client_as_json(
+    stack: Stack,
+    session: aiohttp.ClientSession,
+    payload: object,
+    extra: dict[str, str],
+    status: int,
+    kind: str,
+) -> None:
+    """The EPP's 400/404/503 come back with that status and its JSON error; no backend hit."""
+    raw = b"{not json" if payload is None else orjson.dumps(payload)
+    reply = await post(session, stack.envoy.url, raw=raw, headers=extra)
+    assert reply.status == status, reply.body
+    assert reply.headers["content-type"].startswith("application/json")
+    error = reply.json["error"]
+    assert error["type"] == kind
+    assert error["code"] == status
+    assert error["message"]
+    assert stack.all_received() == []
+
+
+async def test_sse_streams_chunk_by_chunk(stack: Stack, session: aiohttp.ClientSession) -> None:
+    """SSE events arrive as the backend writes them (buffered variant: all at once, at the end)."""
+    reply = await post(session, stack.envoy.url, {"model": "m", "prompt": "x", "stream": True})
+    assert reply.status == 200, reply.body
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in reply.body.split(b"\n\n") if e]
+    assert len(events) == SSE_CHUNKS + 1
+    assert events[-1] == b"data: [DONE]"
+    duration = SSE_DELAY * (SSE_CHUNKS - 1)
+    spread = reply.chunk_times[-1] - reply.chunk_times[0]
+    if stack.variant == "buffered":
+        # Envoy holds a BUFFERED response body until it is complete.
+        assert reply.chunk_times[0] >= duration * 0.9
+    else:
+        assert len(reply.chunk_times) >= SSE_CHUNKS - 1
+        assert spread >= duration * 0.7, reply.chunk_times
+
+
+async def test_a_300_kb_prompt_passes(stack: Stack, session: aiohttp.ClientSession) -> None:
+    """A 300 KB body goes through the EPP and reaches the backend byte for byte."""
+    raw = orjson.dumps({"model": "m", "prompt": "y" * 300_000})
+    reply = await post(session, stack.envoy.url, raw=raw)
+    assert reply.status == 200, reply.body
+    _, _, body = _only_delivery(stack)
+    assert body == raw
+
+
+async def test_a_body_over_the_limit_is_413_before_the_epp(
+    stack: Stack, session: aiohttp.ClientSession
+) -> None:
+    """Past max_request_bytes Envoy answers 413 with a JSON error; no backend is reached."""
+    raw = orjson.dumps({"model": "m", "prompt": "z" * (1024 * 1024 + 10)})
+    reply = await post(session, stack.envoy.url, raw=raw)
+    assert reply.status == 413, reply.body
+    assert reply.json["error"]["code"] == 413
+    assert stack.all_received() == []
+
+
+async def test_the_subset_hint_from_envoy_metadata_is_honoured(
+    stack: Stack, session: aiohttp.ClientSession
+) -> None:
+    """With envoy.lb.subset_hint set by a filter, every pick comes from that subset."""
+    allowed = stack.backends[1].hostport
+    for _ in range(4):
+        reply = await post(
+            session,
+            stack.envoy.url,
+            {"model": "m", "prompt": "x"},
+            headers={"x-test-subset": allowed},
+        )
+        assert reply.status == 200, reply.body
+        assert reply.json["served_by"] == allowed
+    assert {r.headers[DESTINATION] for r in stack.backend(allowed).received} == {allowed}
+
+
+async def test_a_client_sent_destination_header_is_ignored(
+    stack: Stack, session: aiohttp.ClientSession
+) -> None:
+    """Client-sent x-gateway-destination-endpoint* headers never steer nor reach the backend."""
+    target = stack.backends[2].hostport
+    spoof = {
+        DESTINATION: target,
+        f"{DESTINATION}-subset": target,
+        f"{DESTINATION}-fallback": target,
+    }
+    for _ in range(4):
+        reply = await post(
+            session,
+            stack.envoy.url,
+            {"model": "m", "prompt": "x"},
+            headers={**spoof, "x-test-subset": stack.backends[0].hostport},
+        )
+        assert reply.status == 200, reply.body
+        assert reply.json["served_by"] == stack.backends[0].hostport
+    records = stack.backends[0].received
+    assert len(records) == 4
+    assert not stack.backends[2].received
+    for record in records:
+        assert record.headers[DESTINATION].split(",")[0] == stack.backends[0].hostport
+        assert f"{DESTINATION}-subset" not in record.headers
+        assert f"{DESTINATION}-fallback" not in record.headers
