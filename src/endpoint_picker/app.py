@@ -73,7 +73,12 @@ class App:
         self._source = PoolFileSource(
             settings.pool.pool_file, self.datastore.apply, settings.pool.reload_poll_interval
         )
-        self._scraper = ScrapeManager(settings.scrape, self.datastore.update_metrics, clock=clock)
+        self._scraper = ScrapeManager(
+            settings.scrape,
+            self.datastore.update_metrics,
+            clock=clock,
+            cpu_budget=settings.scrape.cpu_budget,
+        )
 
     def _pool_stats(self) -> PoolStats | None:
         pool = self.datastore.pool

@@ -142,6 +142,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="metrics older than this are stale",
     )
+    p.add_argument(
+        "--metrics-cpu-budget",
+        type=float,
+        default=d.scrape.cpu_budget,
+        metavar="CORES",
+        help="share of a core scraping may use; the interval stretches to fit (0: never)",
+    )
     for flag, what in (
         ("--total-queued-requests-metric", "waiting-queue"),
         ("--total-running-requests-metric", "running-requests"),
@@ -211,6 +218,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             refresh_interval=args.refresh_metrics_interval,
             timeout=args.metrics_scrape_timeout,
             staleness_threshold=args.metrics_staleness_threshold,
+            cpu_budget=args.metrics_cpu_budget,
             metric_overrides=_metric_overrides(args),
         ),
         logging=LoggingSettings(format=args.log_format, level=args.log_level),

@@ -5,6 +5,8 @@ gRPC statuses or exit codes, nothing below it does::
 
     EppError
     ├── ConfigError                 bad flags, pool file or scheduler config (exit 2)
+    ├── MetricsParseError           (metrics/) a /metrics page lacks what the engine needs
+    ├── ScrapeError                 (metrics/) one scrape failed: timeout, status, size
     └── RequestError                one request cannot be routed (an HTTP status)
         ├── BadRequestError         400: malformed JSON, missing fields
         ├── ModelNotFoundError      404: no InferenceModel serves the model

@@ -90,6 +90,9 @@ class ScrapeSettings:
 
     refresh_interval: float = 0.05
     timeout: float = 1.0
+    # Share of one core scraping may use; the interval stretches past refresh_interval to stay
+    # within it (0 disables stretching).
+    cpu_budget: float = 0.5
     staleness_threshold: float = 2.0
     engine_label: str = "inference.networking.k8s.io/engine-type"
     default_engine: str = "vllm"

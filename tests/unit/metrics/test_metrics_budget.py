@@ -87,7 +87,8 @@ async def test_metered_counts_steps_not_waits() -> None:
 
     metered = Metered(work())
     assert await metered == "done"
-    assert 0.02 <= metered.cpu < 0.25
+    # thread_time ticks coarsely on a loaded machine: allow a little under the 20 ms spent
+    assert 0.015 <= metered.cpu < 0.25
 
 
 async def test_metered_propagates_errors_and_cancellation() -> None:
