@@ -319,13 +319,24 @@ async def post(
     raw: bytes | None = None,
     headers: dict[str, str] | None = None,
     path: str = "/v1/completions",
+    chunked: bool = False,
 ) -> Reply:
-    """POST JSON (or raw bytes) and read the body chunk by chunk, timing each chunk."""
+    """POST JSON (or raw bytes) and read the body chunk by chunk, timing each chunk.
+
+    ``chunked``: upload with transfer-encoding: chunked, in 10 KB pieces.
+    """
     data = raw if raw is not None else orjson.dumps(payload)
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(data), 10_000):
+            yield data[start : start + 10_000]
+            await asyncio.sleep(0)
+
     sent = time.monotonic()
     async with session.post(
         url + path,
-        data=io.BytesIO(data),  # aiohttp warns about large raw bytes
+        # aiohttp warns about large raw bytes: BytesIO (sent with a content-length)
+        data=pieces() if chunked else io.BytesIO(data),
         headers={"content-type": "application/json", **(headers or {})},
     ) as response:
         parts: list[bytes] = []

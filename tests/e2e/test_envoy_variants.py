@@ -43,16 +43,17 @@ async def test_requests_land_on_the_endpoint_the_epp_named(
 async def test_traffic_split_rewrites_the_model_and_content_length(
     stack: Stack, session: aiohttp.ClientSession
 ) -> None:
-    """A split model reaches the backend rewritten, with a content-length that matches."""
+    """A split model reaches the backend rewritten, with a right (or no: chunked) length."""
     payload = {"model": "split", "prompt": "hi", "temperature": 0.5}
     reply = await post(session, stack.envoy.url, payload)
     assert reply.status == 200, reply.body
     _, headers, body = _only_delivery(stack)
     assert orjson.loads(body) == {**payload, "model": "m-v2"}
-    if "content-length" in headers:
+    if stack.variant == "buffered":
         assert int(headers["content-length"]) == len(body)
-    else:
-        assert headers.get("transfer-encoding") == "chunked"
+    else:  # Envoy 1.40 forwards a FULL_DUPLEX_STREAMED body chunked, dropping content-length
+        assert "content-length" not in headers
+        assert headers["transfer-encoding"] == "chunked"
 
 
 @pytest.mark.parametrize(
@@ -107,21 +108,25 @@ async def test_sse_streams_chunk_by_chunk(stack: Stack, session: aiohttp.ClientS
         assert spread >= duration * 0.7, reply.chunk_times
 
 
-async def test_a_300_kb_prompt_passes(stack: Stack, session: aiohttp.ClientSession) -> None:
-    """A 300 KB body goes through the EPP and reaches the backend byte for byte."""
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_300_kb_prompt_passes(
+    stack: Stack, session: aiohttp.ClientSession, chunked: bool
+) -> None:
+    """A 300 KB body (sized or chunked upload) reaches the backend byte for byte."""
     raw = orjson.dumps({"model": "m", "prompt": "y" * 300_000})
-    reply = await post(session, stack.envoy.url, raw=raw)
+    reply = await post(session, stack.envoy.url, raw=raw, chunked=chunked)
     assert reply.status == 200, reply.body
     _, _, body = _only_delivery(stack)
     assert body == raw
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_a_body_over_the_limit_is_413_before_the_epp(
-    stack: Stack, session: aiohttp.ClientSession
+    stack: Stack, session: aiohttp.ClientSession, chunked: bool
 ) -> None:
     """Past max_request_bytes Envoy answers 413 with a JSON error; no backend is reached."""
     raw = orjson.dumps({"model": "m", "prompt": "z" * (1024 * 1024 + 10)})
-    reply = await post(session, stack.envoy.url, raw=raw)
+    reply = await post(session, stack.envoy.url, raw=raw, chunked=chunked)
     assert reply.status == 413, reply.body
     assert reply.json["error"]["code"] == 413
     assert stack.all_received() == []
@@ -170,3 +175,22 @@ async def test_a_client_sent_destination_header_is_ignored(
         assert record.headers[DESTINATION].split(",")[0] == stack.backends[0].hostport
         assert f"{DESTINATION}-subset" not in record.headers
         assert f"{DESTINATION}-fallback" not in record.headers
+
+
+async def test_the_epp_cluster_passes_grpc_health_checks_over_tls(
+    stack: Stack, session: aiohttp.ClientSession
+) -> None:
+    """Envoy's gRPC health check of the EPP (TLS, ext_proc port) reports the EPP healthy."""
+    async with session.get(f"{stack.envoy.admin_url}/clusters?format=json") as response:
+        clusters = await response.json()
+    (epp,) = [c for c in clusters["cluster_statuses"] if c["name"] == "endpoint_picker"]
+    (host,) = epp["host_statuses"]
+    assert host["address"]["socket_address"]["port_value"] == stack.epp.ports.ext_proc
+    assert host["health_status"]["eds_health_status"] == "HEALTHY"
+    assert not host["health_status"].get("failed_active_health_check", False)
+    async with session.get(
+        f"{stack.envoy.admin_url}/stats?filter=endpoint_picker.health_check"
+    ) as r:
+        stats = dict(line.split(": ", 1) for line in (await r.text()).splitlines() if ": " in line)
+    assert int(stats["cluster.endpoint_picker.health_check.success"]) >= 1
+    assert int(stats["cluster.endpoint_picker.health_check.failure"]) == 0
