@@ -176,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pool_flags(validate)
     validate.add_argument("--config-file", type=Path, help="an EndpointPickerConfig YAML file")
     sub.add_parser("sim", help="run simulated vLLM servers (see `epp sim --help`)", add_help=False)
+    sub.add_parser(
+        "envoy-config",
+        help="render an Envoy config (see `epp envoy-config --help`)",
+        add_help=False,
+    )
     return parser
 
 
@@ -277,6 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from endpoint_picker_sim.cli import main as sim_main
 
         return int(sim_main(argv[1:]))
+    if argv[:1] == ["envoy-config"]:
+        from endpoint_picker.envoy_config import main as envoy_config_main
+
+        return envoy_config_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
