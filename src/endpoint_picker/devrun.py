@@ -58,11 +58,11 @@ class Fleet:
         return None
 
     async def stop(self) -> None:
+        """Envoy first, then the EPP, then the fleet: nothing sees its upstream vanish early."""
         for _, proc in reversed(self.procs):
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
-        for _, proc in reversed(self.procs):
             try:
                 await asyncio.wait_for(proc.wait(), STOP_GRACE)
             except TimeoutError:
