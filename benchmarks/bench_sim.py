@@ -94,6 +94,13 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def _machine_busy_seconds() -> float:
+    """CPU seconds all processes have used (from /proc/stat), to show other load."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / _TICK
+
+
 async def _sim_counters(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, float]:
     wanted = ("sim:step_planned_seconds_total", "sim:step_late_seconds_total",
               "sim:step_behind_seconds_total", "sim:steps_total",
@@ -142,7 +149,10 @@ async def bench_servers(args: argparse.Namespace) -> None:
         f"stream-interval {args.stream_interval}, prompts {args.prompt_tokens} tokens "
         f"(half shared), max_tokens {args.max_tokens}, {args.duration:.0f} s per level"
     )
-    print("streams/server  requests/s  tokens/s  sim CPU  steps/s  late/plan  behind/plan  verdict")
+    print(
+        "streams/server  requests/s  tokens/s  sim CPU  steps/s  late/plan  behind/plan  verdict"
+        "  client CPU  other CPU"
+    )
     connector = aiohttp.TCPConnector(limit=0)
     try:
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -165,12 +175,14 @@ async def bench_servers(args: argparse.Namespace) -> None:
                 await asyncio.sleep(args.warmup)
                 before, t0, n0 = await _sim_counters(http, urls), time.monotonic(), done[0]
                 cpu0, me0 = _cpu_seconds(proc.pid), time.process_time()
+                all0 = _machine_busy_seconds()
                 await asyncio.sleep(args.duration)
                 after, t1, n1 = await _sim_counters(http, urls), time.monotonic(), done[0]
+                wall = t1 - t0
                 cpu1, me1 = _cpu_seconds(proc.pid), time.process_time()
+                others = (_machine_busy_seconds() - all0 - (cpu1 - cpu0) - (me1 - me0)) / wall
                 stop.set()
                 await asyncio.gather(*tasks)
-                wall = t1 - t0
                 d = {k: after[k] - before[k] for k in after}
                 planned = d["sim:step_planned_seconds_total"] or 1e-9
                 late = d["sim:step_late_seconds_total"] / planned
@@ -180,7 +192,8 @@ async def bench_servers(args: argparse.Namespace) -> None:
                     f"{level:>14}  {(n1 - n0) / wall:>10.0f}  "
                     f"{d['vllm:generation_tokens_total'] / wall:>8.0f}  "
                     f"{(cpu1 - cpu0) / wall:>6.0%}  {d['sim:steps_total'] / wall:>7.0f}  "
-                    f"{late:>9.1%}  {behind:>11.1%}  {ok}  client CPU {(me1 - me0) / wall:.0%}"
+                    f"{late:>9.1%}  {behind:>11.1%}  {ok:>7}  "
+                    f"{(me1 - me0) / wall:>10.0%}  {max(others, 0.0):>10.0%}"
                 )
     finally:
         proc.terminate()

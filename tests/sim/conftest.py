@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -37,3 +38,13 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     """An HTTP client with a short timeout."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         yield session
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves tasks running on the loop (engine tasks, handlers, clients)."""
+    yield
+    await asyncio.sleep(0)
+    current = asyncio.current_task()
+    leaked = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    assert not leaked, f"leaked tasks: {leaked}"
