@@ -241,6 +241,12 @@ def wait_routing(url: str, within: float = 30.0) -> None:
     raise RuntimeError(f"no successful request through {url}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_wrk(url: str, connections: int, duration: int, tmp: Path) -> tuple[float, float, int]:
     script = tmp / "post.lua"
     body = PROMPT.replace("\\", "\\\\").replace('"', '\\"')
@@ -262,7 +268,7 @@ def run_wrk(url: str, connections: int, duration: int, tmp: Path) -> tuple[float
     return rps, float(p50.group(1)) * scale, int(errors.group(1)) if errors else 0
 
 
-def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float, int]:
+def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float, int, float]:
     endpoints = [f"127.0.0.{i + 2}:{args.backend_port}" for i in range(args.endpoints)]
     listen, admin, ext_port = free_port(), free_port(), free_port()
     if mode == "direct":
@@ -278,8 +284,9 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
         )
     (tmp / f"front-{mode}.yaml").write_text(config)
     with contextlib.ExitStack() as stack:
+        processor: subprocess.Popen[bytes] | None = None
         if mode == "noop":
-            stack.enter_context(
+            processor = stack.enter_context(
                 process(
                     [
                         sys.executable,
@@ -294,7 +301,7 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
             )
         elif mode == "epp":
             pool_file(endpoints, tmp / "pool.yaml")
-            stack.enter_context(
+            processor = stack.enter_context(
                 process(
                     [
                         str(BIN / "epp"),
@@ -337,7 +344,11 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
         url = f"http://127.0.0.1:{listen}/v1/completions"
         wait_routing(url)
         run_wrk(url, args.connections, 2, tmp)  # warm-up
-        return run_wrk(url, args.connections, args.duration, tmp)
+        cpu_before = cpu_seconds(processor.pid) if processor else 0.0
+        rps, p50, errors = run_wrk(url, args.connections, args.duration, tmp)
+        cpu = cpu_seconds(processor.pid) - cpu_before if processor else 0.0
+        # CPU per request of the ext_proc process: comparable even on a busy machine
+        return rps, p50, errors, cpu / max(rps * args.duration, 1) * 1e6
 
 
 def main() -> None:
@@ -365,15 +376,16 @@ def main() -> None:
             results = {}
             for mode in args.modes.split(","):
                 results[mode] = measure(mode, args, tmp)
-                rps, p50, errors = results[mode]
+                rps, p50, errors, cpu_us = results[mode]
                 print(
-                    f"{mode:7s} {rps:8.0f} req/s   p50 {p50:6.2f} ms   non-2xx {errors}", flush=True
+                    f"{mode:7s} {rps:8.0f} req/s   p50 {p50:6.2f} ms   non-2xx {errors}"
+                    f"   ext_proc CPU {cpu_us:5.0f} us/request",
+                    flush=True,
                 )
         if "noop" in results and "epp" in results:
             print(f"epp / noop throughput: {results['epp'][0] / results['noop'][0]:.0%}")
         if "direct" in results and "epp" in results:
             print(f"epp p50 over direct: {results['epp'][1] - results['direct'][1]:+.2f} ms")
-    os.sync()
 
 
 if __name__ == "__main__":

@@ -105,7 +105,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--endpoints", required=True)
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
     args = parser.parse_args()
+    if args.uvloop:
+        import uvloop
+
+        uvloop.install()
     asyncio.run(serve(args.port, args.endpoints.split(",")))
 
 
