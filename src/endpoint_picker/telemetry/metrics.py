@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from endpoint_picker.telemetry.histogram import LoopHistogram
 
 _DURATION_BUCKETS = (
     0.005,
@@ -118,7 +120,6 @@ _INPUT_TOKEN_BUCKETS = (
     1048576,
 )
 _OUTPUT_TOKEN_BUCKETS = _RESPONSE_SIZE_BUCKETS
-_PENDING_LIMIT = 4096  # queued timings folded into histograms at most this far behind
 _SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
@@ -181,7 +182,11 @@ class _Children:
 
 
 class EppMetrics:
-    """Every metric the EPP exports; also the scheduler's timing observer."""
+    """Every metric the EPP exports; also the scheduler's timing observer.
+
+    Histograms are ``LoopHistogram``s (lock-free, event-loop only); counters and the gauge are
+    prometheus_client's, with their label children cached.
+    """
 
     def __init__(self, pool_stats: Callable[[], PoolStats | None] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -195,45 +200,9 @@ class EppMetrics:
         )
         self.request_error_total = Counter(
             "inference_model_request_error",
-            "Counter of inference model requests errors broken "
-            "out for each model and target model.",
+            "Counter of inference model requests errors broken out for each model and target "
+            "model.",
             [*model_labels, "error_code"],
-            registry=r,
-        )
-        self.request_duration = Histogram(
-            "inference_model_request_duration_seconds",
-            "Inference model response latency "
-            "distribution in seconds for each model and target model.",
-            model_labels,
-            buckets=_DURATION_BUCKETS,
-            registry=r,
-        )
-        self.request_sizes = Histogram(
-            "inference_model_request_sizes",
-            "Inference model requests size distribution in bytes for each model and target model.",
-            model_labels,
-            buckets=_REQUEST_SIZE_BUCKETS,
-            registry=r,
-        )
-        self.response_sizes = Histogram(
-            "inference_model_response_sizes",
-            "Inference model responses size distribution in bytes for each model and target model.",
-            model_labels,
-            buckets=_RESPONSE_SIZE_BUCKETS,
-            registry=r,
-        )
-        self.input_tokens = Histogram(
-            "inference_model_input_tokens",
-            "Inference model input token count distribution for requests in each model.",
-            model_labels,
-            buckets=_INPUT_TOKEN_BUCKETS,
-            registry=r,
-        )
-        self.output_tokens = Histogram(
-            "inference_model_output_tokens",
-            "Inference model output token count distribution for requests in each model.",
-            model_labels,
-            buckets=_OUTPUT_TOKEN_BUCKETS,
             registry=r,
         )
         self.running_requests = Gauge(
@@ -242,67 +211,61 @@ class EppMetrics:
             ["model_name"],
             registry=r,
         )
-        self.scheduler_e2e = Histogram(
-            "inference_extension_scheduler_e2e_duration_seconds",
-            "Scheduling end-to-end latency distribution in seconds.",
-            buckets=_SCHEDULER_BUCKETS,
-            registry=r,
-        )
-        self.plugin_duration_hist = Histogram(
-            "inference_extension_plugin_duration_seconds",
-            "Plugin processing latency "
-            "distribution in seconds for each extension point, plugin type and plugin name.",
-            ["extension_point", "plugin_type", "plugin_name"],
-            buckets=_SCHEDULER_BUCKETS,
-            registry=r,
-        )
-        self._pending_plugins: list[tuple[str, str, str, float]] = []
-        self._pending_cycles: list[float] = []
-        # label children resolved once per label set (the hot path)
-        self._input_tokens = _Children(self.input_tokens)
-        self._output_tokens = _Children(self.output_tokens)
-        self._plugin_duration_hist = _Children(self.plugin_duration_hist)
-        self._request_duration = _Children(self.request_duration)
-        self._request_error_total = _Children(self.request_error_total)
-        self._request_sizes = _Children(self.request_sizes)
+        histograms: tuple[tuple[str, str, str, list[str], tuple[float, ...]], ...] = (
+            ("request_duration", "inference_model_request_duration_seconds",
+             "Inference model response latency distribution in seconds for each model and "
+             "target model.", model_labels, _DURATION_BUCKETS),
+            ("request_sizes", "inference_model_request_sizes",
+             "Inference model requests size distribution in bytes for each model and target "
+             "model.", model_labels, _REQUEST_SIZE_BUCKETS),
+            ("response_sizes", "inference_model_response_sizes",
+             "Inference model responses size distribution in bytes for each model and target "
+             "model.", model_labels, _RESPONSE_SIZE_BUCKETS),
+            ("input_tokens", "inference_model_input_tokens",
+             "Inference model input token count distribution for requests in each model.",
+             model_labels, _INPUT_TOKEN_BUCKETS),
+            ("output_tokens", "inference_model_output_tokens",
+             "Inference model output token count distribution for requests in each model.",
+             model_labels, _OUTPUT_TOKEN_BUCKETS),
+            ("scheduler_e2e", "inference_extension_scheduler_e2e_duration_seconds",
+             "Scheduling end-to-end latency distribution in seconds.", [], _SCHEDULER_BUCKETS),
+            ("plugin_durations", "inference_extension_plugin_duration_seconds",
+             "Plugin processing latency distribution in seconds for each extension point, "
+             "plugin type and plugin name.",
+             ["extension_point", "plugin_type", "plugin_name"], _SCHEDULER_BUCKETS),
+        )  # fmt: skip
+        for attribute, name, doc, labels, buckets in histograms:
+            histogram = LoopHistogram(name, doc, labels, buckets)
+            r.register(histogram)
+            setattr(self, attribute, histogram)
+        self.request_duration: LoopHistogram
+        self.request_sizes: LoopHistogram
+        self.response_sizes: LoopHistogram
+        self.input_tokens: LoopHistogram
+        self.output_tokens: LoopHistogram
+        self.scheduler_e2e: LoopHistogram
+        self.plugin_durations: LoopHistogram
         self._request_total = _Children(self.request_total)
-        self._response_sizes = _Children(self.response_sizes)
+        self._request_error_total = _Children(self.request_error_total)
         self._running_requests = _Children(self.running_requests)
         if pool_stats is not None:
             r.register(_PoolCollector(pool_stats))
 
     # -- the scheduler's observer protocol ----------------------------------------------------
 
-    # Timings arrive several times per request; a histogram observation costs microseconds
-    # (locks, bucket scan), so they are queued and folded in before each exposition instead.
-
     def plugin_duration(
         self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float
     ) -> None:
-        self._pending_plugins.append((extension_point, plugin_type, plugin_name, seconds))
-        if len(self._pending_plugins) >= _PENDING_LIMIT:
-            self.flush()
+        self.plugin_durations.labels(extension_point, plugin_type, plugin_name).observe(seconds)
 
     def scheduler_duration(self, seconds: float) -> None:
-        self._pending_cycles.append(seconds)
-        if len(self._pending_cycles) >= _PENDING_LIMIT:
-            self.flush()
-
-    def flush(self) -> None:
-        """Fold queued timings into their histograms (called before every exposition)."""
-        plugins, self._pending_plugins = self._pending_plugins, []
-        cycles, self._pending_cycles = self._pending_cycles, []
-        for extension_point, plugin_type, plugin_name, seconds in plugins:
-            self._plugin_duration_hist(extension_point, plugin_type, plugin_name).observe(seconds)
-        observe = self.scheduler_e2e.observe
-        for seconds in cycles:
-            observe(seconds)
+        self.scheduler_e2e.observe(seconds)
 
     # -- request lifecycle ----------------------------------------------------------------------
 
     def request_started(self, model: str, target: str, request_bytes: int) -> None:
         self._request_total(model, target).inc()
-        self._request_sizes(model, target).observe(request_bytes)
+        self.request_sizes.labels(model, target).observe(request_bytes)
         self._running_requests(model).inc()
 
     def request_failed(self, model: str, target: str, error_code: str) -> None:
@@ -319,17 +282,16 @@ class EppMetrics:
         output_tokens: int | None,
     ) -> None:
         self._running_requests(model).dec()
-        self._request_duration(model, target).observe(seconds)
-        self._response_sizes(model, target).observe(response_bytes)
+        self.request_duration.labels(model, target).observe(seconds)
+        self.response_sizes.labels(model, target).observe(response_bytes)
         if input_tokens is not None:
-            self._input_tokens(model, target).observe(input_tokens)
+            self.input_tokens.labels(model, target).observe(input_tokens)
         if output_tokens is not None:
-            self._output_tokens(model, target).observe(output_tokens)
+            self.output_tokens.labels(model, target).observe(output_tokens)
 
     def request_abandoned(self, model: str) -> None:
         """A routed request whose stream ended before its response did."""
         self._running_requests(model).dec()
 
     def render(self) -> bytes:
-        self.flush()
         return generate_latest(self.registry)
