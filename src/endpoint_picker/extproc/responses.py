@@ -1,4 +1,8 @@
-"""Builders of ext_proc ``ProcessingResponse`` messages."""
+"""Builders of ext_proc ``ProcessingResponse`` messages.
+
+Built by setting fields on an empty message rather than with nested constructors: with the
+upb backend that is several times faster, and these run a few times per request.
+"""
 
 from __future__ import annotations
 
@@ -7,98 +11,97 @@ from collections.abc import Iterator, Sequence
 import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from endpoint_picker.errors import ErrorCode
 from endpoint_picker.extproc import wire
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_METADATA_CACHE_LIMIT = 4096  # destinations are few (pool endpoints x fallbacks)
+_metadata_cache: dict[str, struct_pb2.Struct] = {}
 
 
-def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
-    return base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
-    )
+def _set_header(mutation: pb.HeaderMutation, key: str, value: bytes) -> None:
+    option = mutation.set_headers.add()
+    option.header.key = key
+    option.header.raw_value = value
+    option.append_action = _OVERWRITE
 
 
-def routing_mutation(
-    destination: str, content_length: int | None, remove: Sequence[str]
-) -> pb.HeaderMutation:
-    """Set the destination header (and the forwarded body's length); drop client spoofs."""
-    headers = [_header(wire.DESTINATION_ENDPOINT, destination)]
+def _set_routing(
+    common: pb.CommonResponse, destination: str, content_length: int | None, remove: Sequence[str]
+) -> None:
+    """The destination header (and the forwarded body's length); client spoofs dropped."""
+    mutation = common.header_mutation
+    _set_header(mutation, wire.DESTINATION_ENDPOINT, destination.encode())
     if content_length is not None:
-        headers.append(_header(wire.CONTENT_LENGTH, str(content_length)))
-    return pb.HeaderMutation(set_headers=headers, remove_headers=list(remove))
+        _set_header(mutation, wire.CONTENT_LENGTH, str(content_length).encode())
+    if remove:
+        mutation.remove_headers.extend(remove)
+    common.clear_route_cache = True
 
 
 def destination_metadata(destination: str) -> struct_pb2.Struct:
     """``{"envoy.lb": {"x-gateway-destination-endpoint": destination}}``: same as the header."""
-    metadata = struct_pb2.Struct()
-    metadata.update({wire.LB_NAMESPACE: {wire.DESTINATION_ENDPOINT: destination}})
+    metadata = _metadata_cache.get(destination)
+    if metadata is None:
+        if len(_metadata_cache) >= _METADATA_CACHE_LIMIT:
+            _metadata_cache.clear()
+        metadata = struct_pb2.Struct()
+        metadata.update({wire.LB_NAMESPACE: {wire.DESTINATION_ENDPOINT: destination}})
+        _metadata_cache[destination] = metadata
     return metadata
 
 
-def routed_request_headers(mutation: pb.HeaderMutation, destination: str) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(
-            response=pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
-        ),
-        dynamic_metadata=destination_metadata(destination),
-    )
+def routed_request_headers(
+    destination: str, content_length: int | None, remove: Sequence[str]
+) -> pb.ProcessingResponse:
+    """Full duplex: the headers response that routes the request."""
+    response = pb.ProcessingResponse()
+    _set_routing(response.request_headers.response, destination, content_length, remove)
+    response.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    return response
+
+
+def routed_buffered_body(
+    destination: str, content_length: int, remove: Sequence[str], new_body: bytes | None
+) -> pb.ProcessingResponse:
+    """BUFFERED mode: routing header, optional body rewrite and metadata on the body response."""
+    response = pb.ProcessingResponse()
+    common = response.request_body.response
+    _set_routing(common, destination, content_length, remove)
+    if new_body is not None:
+        common.body_mutation.body = new_body
+    response.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    return response
 
 
 def streamed_chunks(body: bytes, end_of_stream: bool) -> Iterator[tuple[bytes, bool]]:
     """Split ``body`` into chunks of at most MAX_STREAMED_CHUNK; only the last ends the stream."""
-    view = memoryview(body)
     size = wire.MAX_STREAMED_CHUNK
-    if len(view) <= size:
+    if len(body) <= size:
         yield body, end_of_stream
         return
+    view = memoryview(body)
     last = (len(view) - 1) // size * size
     for start in range(0, len(view), size):
         yield bytes(view[start : start + size]), end_of_stream and start == last
 
 
 def streamed_request_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(
-            response=pb.CommonResponse(
-                body_mutation=pb.BodyMutation(
-                    streamed_response=pb.StreamedBodyResponse(
-                        body=chunk, end_of_stream=end_of_stream
-                    )
-                )
-            )
-        )
-    )
+    response = pb.ProcessingResponse()
+    streamed = response.request_body.response.body_mutation.streamed_response
+    streamed.body = chunk
+    streamed.end_of_stream = end_of_stream
+    return response
 
 
 def streamed_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        response_body=pb.BodyResponse(
-            response=pb.CommonResponse(
-                body_mutation=pb.BodyMutation(
-                    streamed_response=pb.StreamedBodyResponse(
-                        body=chunk, end_of_stream=end_of_stream
-                    )
-                )
-            )
-        )
-    )
-
-
-def routed_buffered_body(
-    mutation: pb.HeaderMutation, destination: str, new_body: bytes | None
-) -> pb.ProcessingResponse:
-    """BUFFERED mode: routing header, optional body rewrite and metadata on the body response."""
-    common = pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
-    if new_body is not None:
-        common.body_mutation.body = new_body
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=common),
-        dynamic_metadata=destination_metadata(destination),
-    )
+    response = pb.ProcessingResponse()
+    streamed = response.response_body.response.body_mutation.streamed_response
+    streamed.body = chunk
+    streamed.end_of_stream = end_of_stream
+    return response
 
 
 CONTINUE_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
@@ -117,11 +120,10 @@ def error_body(code: ErrorCode, message: str) -> bytes:
 
 
 def immediate_error(code: ErrorCode, message: str) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=code.http_status),
-            headers=pb.HeaderMutation(set_headers=[_header(wire.CONTENT_TYPE, "application/json")]),
-            body=error_body(code, message),
-            details=f"epp_{code.type_name}",
-        )
-    )
+    response = pb.ProcessingResponse()
+    immediate = response.immediate_response
+    immediate.status.code = code.http_status
+    _set_header(immediate.headers, wire.CONTENT_TYPE, b"application/json")
+    immediate.body = error_body(code, message)
+    immediate.details = f"epp_{code.type_name}"
+    return response

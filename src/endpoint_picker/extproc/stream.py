@@ -181,11 +181,12 @@ class RequestStream:
         decision = self._director.route(self._request_id, self._path, raw, self._subset)
         self._routed(decision)
         if self._request_mode == BUFFERED:
-            mutation = responses.routing_mutation(
-                decision.destination, len(decision.body), self._spoofed
-            )
             new_body = decision.body if decision.body is not raw else None
-            return [responses.routed_buffered_body(mutation, decision.destination, new_body)]
+            return [
+                responses.routed_buffered_body(
+                    decision.destination, len(decision.body), self._spoofed, new_body
+                )
+            ]
         out = [self._headers_response(decision, content_length=len(decision.body))]
         out.extend(
             responses.streamed_request_body(chunk, eos)
@@ -196,8 +197,7 @@ class RequestStream:
     def _headers_response(
         self, decision: RoutingDecision, content_length: int | None
     ) -> pb.ProcessingResponse:
-        mutation = responses.routing_mutation(decision.destination, content_length, self._spoofed)
-        return responses.routed_request_headers(mutation, decision.destination)
+        return responses.routed_request_headers(decision.destination, content_length, self._spoofed)
 
     def _routed(self, decision: RoutingDecision) -> None:
         self._decision = decision
