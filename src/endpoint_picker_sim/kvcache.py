@@ -2,9 +2,9 @@
 
 Blocks hold ``block_size`` tokens. A full prompt block gets the chained hash of its content and
 stays findable by that hash after its request finishes: a freed block with a hash is *cached*, and
-is only evicted (least recently freed first) when a request needs a fresh block. Free blocks
-without a hash go to the front of the eviction order, because they have nothing worth keeping.
-Usage, as vLLM reports it, counts cached-but-unreferenced blocks as free.
+is only evicted (least recently freed first) when a request needs a fresh block and no empty block
+(one without a hash, nothing worth keeping) is left. Usage, as vLLM reports it, counts
+cached-but-unreferenced blocks as free.
 """
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from collections.abc import Sequence
 class BlockManager:
     """Reference-counted blocks, a hash -> block map, and an LRU pool of free blocks."""
 
-    __slots__ = ("_block_hash", "_by_hash", "_free", "_ref", "block_size", "num_blocks")
+    __slots__ = (
+        "_block_hash",
+        "_by_hash",
+        "_cached_free",
+        "_empty",
+        "_ref",
+        "block_size",
+        "num_blocks",
+    )
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks <= 0 or block_size <= 0:
@@ -26,13 +34,15 @@ class BlockManager:
         self._ref = [0] * num_blocks
         self._block_hash: list[int | None] = [None] * num_blocks
         self._by_hash: dict[int, int] = {}
-        # Free pool in eviction order: first entry is evicted first.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free blocks without content, taken first (a stack: cheap, and small while idle).
+        self._empty = list(range(num_blocks - 1, -1, -1))
+        # Free blocks with cached content, least recently freed first: the eviction order.
+        self._cached_free: OrderedDict[int, None] = OrderedDict()
 
     @property
     def num_free(self) -> int:
         """Blocks not referenced by any request (cached or empty)."""
-        return len(self._free)
+        return len(self._empty) + len(self._cached_free)
 
     @property
     def num_cached(self) -> int:
@@ -41,7 +51,7 @@ class BlockManager:
 
     def usage(self) -> float:
         """vLLM's kv_cache_usage_perc: 1 - free/total, as a fraction."""
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - (len(self._empty) + len(self._cached_free)) / self.num_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -67,21 +77,23 @@ class BlockManager:
         ref = self._ref
         # Cached prefix blocks nobody references sit in the free pool; taking them shrinks it.
         reclaimed = sum(1 for b in prefix if ref[b] == 0)
-        if needed > len(self._free) - reclaimed:
+        empty, cached_free = self._empty, self._cached_free
+        if needed > len(empty) + len(cached_free) - reclaimed:
             return False
-        free = self._free
         for b in prefix:
             if ref[b] == 0:
-                del free[b]
+                del cached_free[b]
             ref[b] += 1
             table.append(b)
-        for _ in range(max(needed, 0)):
-            b, _ = free.popitem(last=False)
-            old = self._block_hash[b]
-            if old is not None:
-                # Evicting a cached block: its content is gone.
+        for _ in range(needed):
+            if empty:
+                b = empty.pop()
+            else:
+                # Evict the least recently freed cached block: its content is gone.
+                b, _ = cached_free.popitem(last=False)
+                old = self._block_hash[b]
                 self._block_hash[b] = None
-                if self._by_hash.get(old) == b:
+                if old is not None and self._by_hash.get(old) == b:
                     del self._by_hash[old]
             ref[b] = 1
             table.append(b)
@@ -96,11 +108,12 @@ class BlockManager:
     def free(self, table: list[int]) -> None:
         """Release a request's blocks, tail first, so a prompt's shared head is evicted last."""
         ref = self._ref
-        free = self._free
+        block_hash = self._block_hash
         for b in reversed(table):
             ref[b] -= 1
             if ref[b] == 0:
-                free[b] = None
-                if self._block_hash[b] is None:
-                    free.move_to_end(b, last=False)
+                if block_hash[b] is None:
+                    self._empty.append(b)
+                else:
+                    self._cached_free[b] = None
         table.clear()

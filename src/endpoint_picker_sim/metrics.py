@@ -49,13 +49,59 @@ class _HistogramLines:
         out.append(f"{self.sum}{hist.sum!r}\n")
 
 
+# (name, help) of each scalar family, in exposition order; values come from ``_scalars``.
+_GAUGES = (
+    ("vllm:num_requests_running", "Number of requests in model execution batches."),
+    ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+    ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+    (
+        "vllm:gpu_cache_usage_perc",
+        "GPU KV-cache usage. 1 means 100 percent usage."
+        "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+    ),
+)
+_COUNTERS = (
+    ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    ("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
+    ("vllm:prompt_tokens", "Number of prefill tokens processed."),
+    ("vllm:generation_tokens", "Number of generation tokens processed."),
+)
+_SIM_COUNTERS = (
+    ("sim:steps", "Simulator: engine steps run."),
+    ("sim:step_planned_seconds", "Simulator: planned wall time of all steps."),
+    ("sim:step_late_seconds", "Simulator: summed lateness of step completions (wall seconds)."),
+    ("sim:step_behind_seconds", "Simulator: lateness given up on (too far behind to catch up)."),
+)
+
+
+def _scalar_prefixes(labels: str) -> tuple[list[str], list[str], list[str]]:
+    gauges = [f"{_header(n, 'gauge', d)}{n}{{{labels}}} " for n, d in _GAUGES]
+    counters = [
+        f"{_header(n + '_total', 'counter', d)}{n}_total{{{labels}}} " for n, d in _COUNTERS
+    ]
+    sim = [f"{_header(n + '_total', 'counter', d)}{n}_total{{{labels}}} " for n, d in _SIM_COUNTERS]
+    return gauges, counters, sim
+
+
 class MetricsRenderer:
     """Renders one engine's /metrics."""
 
     def __init__(self, model_name: str, config: EngineConfig) -> None:
         labels = f'model_name="{_esc(model_name)}",engine="0"'
+        self._gauges, self._counters, self._sim = _scalar_prefixes(labels)
+        self._success = [
+            f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} '
+            for reason in ("stop", "length", "abort")
+        ]
+        self._success_header = _header(
+            "vllm:request_success_total", "counter", "Count of successfully processed requests."
+        )
+        self._lora_header = _header(
+            "vllm:lora_requests_info", "gauge", "Running stats on lora requests."
+        )
+        self._lora_prefix = f'vllm:lora_requests_info{{max_lora="{config.max_loras}",'
         self._labels = labels
-        self._max_lora = str(config.max_loras)
         self._cache_info = (
             _header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
             + "vllm:cache_config_info{"
@@ -63,29 +109,31 @@ class MetricsRenderer:
             + 'enable_prefix_caching="True",gpu_memory_utilization="0.9",'
             + f'num_gpu_blocks="{config.num_gpu_blocks}",{labels}}} 1.0\n'
         )
-        self._ttft = _HistogramLines(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            labels,
-            TTFT_BUCKETS,
-        )
-        self._itl = _HistogramLines(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            labels,
-            ITL_BUCKETS,
-        )
-        self._e2e = _HistogramLines(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            labels,
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self._queue = _HistogramLines(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            labels,
-            REQUEST_LATENCY_BUCKETS,
+        self._histograms = (
+            _HistogramLines(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                labels,
+                TTFT_BUCKETS,
+            ),
+            _HistogramLines(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                labels,
+                ITL_BUCKETS,
+            ),
+            _HistogramLines(
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                labels,
+                REQUEST_LATENCY_BUCKETS,
+            ),
+            _HistogramLines(
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+                labels,
+                REQUEST_LATENCY_BUCKETS,
+            ),
         )
         self._lag = _HistogramLines(
             "sim:step_lag_seconds",
@@ -94,106 +142,35 @@ class MetricsRenderer:
             STEP_LAG_BUCKETS,
         )
 
-    def _gauge(self, out: list[str], name: str, doc: str, value: float) -> None:
-        out.append(f"{_header(name, 'gauge', doc)}{name}{{{self._labels}}} {float(value)!r}\n")
-
-    def _counter(self, out: list[str], name: str, doc: str, value: float) -> None:
-        out.append(
-            f"{_header(name + '_total', 'counter', doc)}"
-            f"{name}_total{{{self._labels}}} {float(value)!r}\n"
-        )
-
     def render(self, engine: Engine) -> str:
         """The full exposition text for ``engine`` right now."""
         s = engine.stats
-        out: list[str] = []
-        g, c = self._gauge, self._counter
-        g(
-            out,
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            len(engine.running),
-        )
-        g(
-            out,
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            len(engine.waiting),
-        )
         usage = engine.blocks.usage()
-        g(out, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
-        g(
-            out,
-            "vllm:gpu_cache_usage_perc",
-            "GPU KV-cache usage. 1 means 100 percent usage."
-            "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
-            usage,
-        )
-        c(
-            out,
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            s.prefix_queries,
-        )
-        c(
-            out,
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            s.prefix_hits,
-        )
-        c(
-            out,
-            "vllm:num_preemptions",
-            "Cumulative number of preemption from the engine.",
-            s.preemptions,
-        )
-        c(out, "vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
-        c(
-            out,
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            s.generation_tokens,
-        )
-        out.append(
-            _header(
-                "vllm:request_success_total", "counter", "Count of successfully processed requests."
-            )
-        )
-        for reason, n in (("stop", 0), ("length", s.success_length), ("abort", s.success_abort)):
-            out.append(
-                f'vllm:request_success_total{{{self._labels},finished_reason="{reason}"}} '
-                f"{float(n)!r}\n"
-            )
-        self._ttft.render(s.ttft, out)
-        self._itl.render(s.itl, out)
-        self._e2e.render(s.e2e, out)
-        self._queue.render(s.queue, out)
-        out.append(_header("vllm:lora_requests_info", "gauge", "Running stats on lora requests."))
+        out: list[str] = []
+        gauges = (len(engine.running), len(engine.waiting), usage, usage)
+        counters = (s.prefix_queries, s.prefix_hits, s.preemptions, s.prompt_tokens,
+                    s.generation_tokens)  # fmt: skip
+        for prefix, value in zip(self._gauges, gauges, strict=True):
+            out.append(f"{prefix}{float(value)!r}\n")
+        for prefix, value in zip(self._counters, counters, strict=True):
+            out.append(f"{prefix}{float(value)!r}\n")
+        out.append(self._success_header)
+        for prefix, value in zip(
+            self._success, (0, s.success_length, s.success_abort), strict=True
+        ):
+            out.append(f"{prefix}{float(value)!r}\n")
+        hists = (s.ttft, s.itl, s.e2e, s.queue)
+        for lines, hist in zip(self._histograms, hists, strict=True):
+            lines.render(hist, out)
+        out.append(self._lora_header)
         for (running, waiting), stamp in s.lora_info.items():
             out.append(
-                f'vllm:lora_requests_info{{max_lora="{self._max_lora}",'
-                f'running_lora_adapters="{_esc(running)}",'
+                f'{self._lora_prefix}running_lora_adapters="{_esc(running)}",'
                 f'waiting_lora_adapters="{_esc(waiting)}",{self._labels}}} {stamp!r}\n'
             )
         out.append(self._cache_info)
         self._lag.render(s.step_lag, out)
-        c(out, "sim:steps", "Simulator: engine steps run.", s.steps)
-        c(
-            out,
-            "sim:step_planned_seconds",
-            "Simulator: planned wall time of all steps.",
-            s.step_planned_wall,
-        )
-        c(
-            out,
-            "sim:step_late_seconds",
-            "Simulator: summed lateness of step completions.",
-            s.step_late_wall,
-        )
-        c(
-            out,
-            "sim:step_behind_seconds",
-            "Simulator: lateness given up on (too far behind to catch up).",
-            s.step_behind_wall,
-        )
+        sim = (s.steps, s.step_planned_wall, s.step_late_wall, s.step_behind_wall)
+        for prefix, value in zip(self._sim, sim, strict=True):
+            out.append(f"{prefix}{float(value)!r}\n")
         return "".join(out)
