@@ -12,7 +12,6 @@ import pytest_asyncio
 from endpoint_picker.app import App
 from endpoint_picker.envoy_config import VARIANTS
 from tests.e2e.harness import (
-    ENVOY,
     Backend,
     Envoy,
     add_subset_hint_filter,
@@ -23,15 +22,6 @@ from tests.e2e.harness import (
 )
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if ENVOY.exists():
-        return
-    skip = pytest.mark.skip(reason=f"no Envoy binary at {ENVOY}")
-    for item in items:
-        if "e2e" in item.keywords:
-            item.add_marker(skip)
 
 
 @dataclass
