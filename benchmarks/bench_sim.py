@@ -103,7 +103,7 @@ def _machine_busy_seconds() -> float:
 
 async def _sim_counters(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, float]:
     wanted = ("sim:step_planned_seconds_total", "sim:step_late_seconds_total",
-              "sim:step_behind_seconds_total", "sim:steps_total",
+              "sim:step_behind_seconds_total", "sim:steps_total", "sim:step_early_seconds_total",
               "vllm:generation_tokens_total")  # fmt: skip
     totals = dict.fromkeys(wanted, 0.0)
     for url in urls:
@@ -150,8 +150,8 @@ async def bench_servers(args: argparse.Namespace) -> None:
         f"(half shared), max_tokens {args.max_tokens}, {args.duration:.0f} s per level"
     )
     print(
-        "streams/server  requests/s  tokens/s  sim CPU  steps/s  late/plan  behind/plan  verdict"
-        "  client CPU  other CPU"
+        "streams/server  requests/s  tokens/s  sim CPU  steps/s  late/plan  early/plan"
+        "  behind/plan  verdict  client CPU  other CPU"
     )
     connector = aiohttp.TCPConnector(limit=0)
     try:
@@ -187,12 +187,13 @@ async def bench_servers(args: argparse.Namespace) -> None:
                 planned = d["sim:step_planned_seconds_total"] or 1e-9
                 late = d["sim:step_late_seconds_total"] / planned
                 behind = d["sim:step_behind_seconds_total"] / planned
+                early = d["sim:step_early_seconds_total"] / planned
                 ok = "ok" if late <= 0.05 and behind <= 0.05 else "over"
                 print(
                     f"{level:>14}  {(n1 - n0) / wall:>10.0f}  "
                     f"{d['vllm:generation_tokens_total'] / wall:>8.0f}  "
                     f"{(cpu1 - cpu0) / wall:>6.0%}  {d['sim:steps_total'] / wall:>7.0f}  "
-                    f"{late:>9.1%}  {behind:>11.1%}  {ok:>7}  "
+                    f"{late:>9.1%}  {early:>10.1%}  {behind:>11.1%}  {ok:>7}  "
                     f"{(me1 - me0) / wall:>10.0%}  {max(others, 0.0):>10.0%}"
                 )
     finally:

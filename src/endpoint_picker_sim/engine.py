@@ -283,12 +283,14 @@ class Engine:
                 anchor = clock.now()
                 continue
             end = anchor + duration
-            late = await clock.sleep_until(end)
+            error = await clock.sleep_until(end)
             self.commit(batch, end)
+            late = error if error > 0 else 0.0
             stats.steps += 1
             stats.step_lag.observe(late)
             stats.step_planned_wall += duration / scale
             stats.step_late_wall += late
+            stats.step_early_wall -= error - late
             if late > _MAX_CATCH_UP_S:
                 # Too far behind to catch up: the simulated GPU lost this time for good.
                 stats.step_behind_wall += late

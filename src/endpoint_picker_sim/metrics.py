@@ -71,6 +71,7 @@ _SIM_COUNTERS = (
     ("sim:steps", "Simulator: engine steps run."),
     ("sim:step_planned_seconds", "Simulator: planned wall time of all steps."),
     ("sim:step_late_seconds", "Simulator: summed lateness of step completions (wall seconds)."),
+    ("sim:step_early_seconds", "Simulator: summed earliness of step completions (wall seconds)."),
     ("sim:step_behind_seconds", "Simulator: lateness given up on (too far behind to catch up)."),
 )
 
@@ -170,7 +171,8 @@ class MetricsRenderer:
             )
         out.append(self._cache_info)
         self._lag.render(s.step_lag, out)
-        sim = (s.steps, s.step_planned_wall, s.step_late_wall, s.step_behind_wall)
+        sim = (s.steps, s.step_planned_wall, s.step_late_wall, s.step_early_wall,
+               s.step_behind_wall)  # fmt: skip
         for prefix, value in zip(self._sim, sim, strict=True):
             out.append(f"{prefix}{float(value)!r}\n")
         return "".join(out)

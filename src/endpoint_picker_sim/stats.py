@@ -68,6 +68,8 @@ class EngineStats:
     step_lag: Histogram = field(default_factory=lambda: Histogram(STEP_LAG_BUCKETS))
     step_planned_wall: float = 0.0
     step_late_wall: float = 0.0
+    # Wake-ups come early by up to the timer granularity: the clock centres them on the plan.
+    step_early_wall: float = 0.0
     step_behind_wall: float = 0.0
     # (running adapters, waiting adapters) -> wall-clock time of the last update, oldest first.
     lora_info: OrderedDict[tuple[str, str], float] = field(default_factory=OrderedDict)
