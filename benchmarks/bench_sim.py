@@ -151,7 +151,7 @@ async def bench_servers(args: argparse.Namespace) -> None:
     )
     print(
         "streams/server  requests/s  tokens/s  sim CPU  steps/s  late/plan  early/plan"
-        "  behind/plan  verdict  client CPU  other CPU"
+        "  behind/plan  verdict  client CPU  other CPU  req/sim-CPU-s"
     )
     connector = aiohttp.TCPConnector(limit=0)
     try:
@@ -194,7 +194,8 @@ async def bench_servers(args: argparse.Namespace) -> None:
                     f"{d['vllm:generation_tokens_total'] / wall:>8.0f}  "
                     f"{(cpu1 - cpu0) / wall:>6.0%}  {d['sim:steps_total'] / wall:>7.0f}  "
                     f"{late:>9.1%}  {early:>10.1%}  {behind:>11.1%}  {ok:>7}  "
-                    f"{(me1 - me0) / wall:>10.0%}  {max(others, 0.0):>10.0%}"
+                    f"{(me1 - me0) / wall:>10.0%}  {max(others, 0.0):>10.0%}  "
+                    f"{(n1 - n0) / max(cpu1 - cpu0, 1e-9):>13.0f}"
                 )
     finally:
         proc.terminate()

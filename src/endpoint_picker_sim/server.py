@@ -7,7 +7,6 @@ Routes as vLLM serves them: /v1/completions, /v1/chat/completions (JSON or SSE),
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import random
@@ -90,16 +89,19 @@ class SimServer:
     def _engine_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("engine task of %s failed", self.url, exc_info=task.exception())
+            # Release every waiting handler; new requests get a 500 (see _generate).
+            self.engine.shutdown()
 
     async def stop(self) -> None:
         """Abort in-flight requests, close the listener, stop the engine task."""
         self.engine.shutdown()
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._engine_task is not None:
-            self._engine_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._engine_task
+        task = self._engine_task
+        if task is not None:
+            task.cancel()
+            # A failure was logged by _engine_done already; stopping must not raise it again.
+            await asyncio.wait([task])
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -164,6 +166,8 @@ class SimServer:
     ) -> web.StreamResponse:
         model, lora = self._resolve_model(prompt.model)
         req = self._make_request(prompt, lora)
+        if self._engine_task is None or self._engine_task.done():
+            raise ApiError(500, "The engine is not running.", "InternalServerError")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-sim{self.index}-{next(self._ids)}"
         created = int(time.time())
         self.engine.add(req)

@@ -10,8 +10,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from endpoint_picker_sim.config import FaultConfig
+from endpoint_picker_sim.request import SimRequest
 from endpoint_picker_sim.server import SimServer
 from endpoint_picker_sim.tokenizer import count_tokens
 
@@ -237,3 +239,19 @@ async def test_client_disconnect_mid_stream_frees_the_request(http: aiohttp.Clie
             await asyncio.sleep(0.01)
         assert sim.engine.idle
         assert sim.engine.blocks.usage() == 0.0
+
+
+async def test_a_crashed_engine_fails_requests_instead_of_hanging(
+    sim: SimServer, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """If the engine task dies, in-flight and new requests get errors, and the crash is logged."""
+
+    def boom() -> tuple[list[tuple[SimRequest, int]], float]:
+        raise RuntimeError("boom")
+
+    sim.engine.step = boom  # type: ignore[method-assign]
+    status, body = await post(http, f"{sim.url}/v1/completions", {"prompt": "x"})
+    assert status == 503  # aborted when the engine died
+    status, body = await post(http, f"{sim.url}/v1/completions", {"prompt": "x"})
+    assert (status, body["error"]["message"]) == (500, "The engine is not running.")
+    assert "engine task" in caplog.text
