@@ -39,7 +39,8 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    # Measured on vLLM serving Llama-3.1-8B-Instruct (bf16) on one H100 80GB.
+    # Llama-3.1-8B-Instruct (bf16) on vLLM on one H100 80GB: the coefficients the simulator's
+    # specification gives, with vLLM's KV cache size for that setup.
     "llama-3.1-8b-h100": Profile(
         name="llama-3.1-8b-h100",
         base_us=1150.0,
@@ -49,8 +50,9 @@ PROFILES: dict[str, Profile] = {
         us_per_request=4.4,
         num_gpu_blocks=27000,
     ),
-    # An estimate, not a measurement: the H100 profile scaled by memory bandwidth (3.35/2.04 TB/s)
-    # for the weight- and KV-bound terms and by bf16 FLOPs (989/312) for prefill.
+    # An estimate, not a measurement: the H100 profile scaled to an A100 80GB by memory bandwidth
+    # (3.35/2.04 TB/s) for the weight- and KV-bound terms and by bf16 FLOPs (989/312) for
+    # prefill; same memory, so the same KV capacity.
     "llama-3.1-8b-a100": Profile(
         name="llama-3.1-8b-a100",
         base_us=1150.0,
@@ -58,7 +60,7 @@ PROFILES: dict[str, Profile] = {
         prefill_us_per_token=95.0,
         decode_us_per_context_token=0.125,
         us_per_request=4.4,
-        num_gpu_blocks=17000,
+        num_gpu_blocks=27000,
     ),
 }
 DEFAULT_PROFILE = "llama-3.1-8b-h100"

@@ -41,7 +41,6 @@ class Engine:
         self.waiting_loras: dict[str, int] = {}
         # Adapters resident in the GPU's LoRA slots, least recently used first.
         self.loaded_loras: dict[str, None] = {}
-        self._lora_label: tuple[str, str] | None = None
         self._wakeup = asyncio.Event()
 
     # -- requests -------------------------------------------------------------------------

@@ -67,8 +67,7 @@ def test_token_id_prompts() -> None:
 
 
 def test_chat_template_makes_next_turn_extend_the_previous() -> None:
-    """A conversation's next turn starts with the previous turn's rendered text (minus the
-    assistant header), so prefix caching works across turns."""
+    """A conversation's next turn starts with the previous turn's text, so its blocks hit."""
     turn1 = [("system", "You are helpful."), ("user", "Hi")]
     turn2 = [*turn1, ("assistant", "Hello!"), ("user", "More")]
     head = render_chat(turn1).removesuffix("<|start_header_id|>assistant<|end_header_id|>\n\n")
