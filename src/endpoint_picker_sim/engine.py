@@ -19,6 +19,7 @@ from endpoint_picker_sim.config import EngineConfig
 from endpoint_picker_sim.kvcache import BlockManager
 from endpoint_picker_sim.request import FINISH_ABORT, FINISH_LENGTH, SimRequest
 from endpoint_picker_sim.stats import EngineStats
+from endpoint_picker_sim.tokenizer import extend_block_hashes, generate_text
 
 # Late wake-ups (timer rounding, a busy loop, a descheduled process) are caught up by starting
 # the next step at the planned time, so the simulated GPU keeps its throughput. Beyond this much
@@ -244,6 +245,7 @@ class Engine:
                     itl_value, itl_n = gap, 1
             req.last_token_at = t
             if req.generated >= req.max_tokens:
+                self._cache_generated(req)
                 self._leave_running(req)
                 req.finish(FINISH_LENGTH)
                 stats.success_length += 1
@@ -256,6 +258,22 @@ class Engine:
         if any_finished:
             self.running = [r for r in self.running if not r.finished]
         self._update_lora_info()
+
+    def _cache_generated(self, req: SimRequest) -> None:
+        """Cache the finished request's full blocks past its prompt, as vLLM caches decode blocks:
+        a chat's next turn, which quotes this reply, then hits them too."""
+        if req.text is None:
+            return
+        full = req.text + generate_text(0, req.generated)
+        # The last sampled token's KV was never computed.
+        limit = min(req.num_computed // self.config.block_size, len(req.table))
+        known = req.block_hashes
+        if limit <= len(known):
+            return
+        table = req.table
+        for k, h in enumerate(extend_block_hashes(full, self.config.block_size, req.lora, known,
+                                                  limit), start=len(known)):  # fmt: skip
+            self.blocks.cache(table[k], h)
 
     def _update_lora_info(self) -> None:
         # vLLM stamps the gauge with the wall time on every step.

@@ -27,6 +27,7 @@ class SimRequest:
         "prompt_len",
         "scheduled_at",
         "table",
+        "text",
         "wait_for",
     )
 
@@ -36,8 +37,11 @@ class SimRequest:
         block_hashes: tuple[int, ...],
         max_tokens: int,
         lora: str | None = None,
+        text: str | None = None,
     ) -> None:
         self.prompt_len = prompt_len
+        # The prompt text, so the generated blocks can be hashed when the request finishes.
+        self.text = text
         self.block_hashes = block_hashes
         self.max_tokens = max_tokens
         self.lora = lora

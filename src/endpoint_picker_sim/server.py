@@ -143,7 +143,9 @@ class SimServer:
                 f"{prompt.max_tokens} in the completion). Please reduce the length of the "
                 "messages or completion.",
             )
-        return SimRequest(max(tok.num_tokens, 1), tok.block_hashes, prompt.max_tokens, lora)
+        return SimRequest(
+            max(tok.num_tokens, 1), tok.block_hashes, prompt.max_tokens, lora, prompt.text
+        )
 
     # -- generation -----------------------------------------------------------------------
 

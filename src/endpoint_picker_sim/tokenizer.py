@@ -45,13 +45,25 @@ def block_hashes(
     Each hash covers the parent hash, so a block matches only after an identical prefix; the LoRA
     name seeds the chain because an adapter's KV differs from the base model's.
     """
+    return extend_block_hashes(text, block_size, lora, (), max_blocks)
+
+
+def extend_block_hashes(
+    text: str,
+    block_size: int,
+    lora: str | None,
+    known: tuple[int, ...],
+    max_blocks: int | None = None,
+) -> tuple[int, ...]:
+    """Hashes of the full blocks of ``text`` after the ``known`` leading ones (which must be the
+    hashes of ``text``'s first blocks): how a finished request's generated blocks get cached."""
     step = block_size * CHARS_PER_TOKEN
     full = len(text) // step
     if max_blocks is not None:
         full = min(full, max_blocks)
-    parent = hash(("sim-root", lora))
+    parent = known[-1] if known else hash(("sim-root", lora))
     out: list[int] = []
-    for i in range(full):
+    for i in range(len(known), full):
         parent = hash((parent, text[i * step : (i + 1) * step]))
         out.append(parent)
     return tuple(out)

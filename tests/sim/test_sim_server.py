@@ -255,3 +255,24 @@ async def test_a_crashed_engine_fails_requests_instead_of_hanging(
     status, body = await post(http, f"{sim.url}/v1/completions", {"prompt": "x"})
     assert (status, body["error"]["message"]) == (500, "The engine is not running.")
     assert "engine task" in caplog.text
+
+
+async def test_next_chat_turn_hits_the_cached_reply(
+    sim: SimServer, http: aiohttp.ClientSession
+) -> None:
+    """A conversation's second turn reuses the first turn's prompt *and* reply blocks."""
+    url = f"{sim.url}/v1/chat/completions"
+    turn1 = [
+        {"role": "system", "content": "You are terse. " * 40},
+        {"role": "user", "content": "Hi"},
+    ]
+    _, first = await post(http, url, {"messages": turn1, "max_tokens": 64})
+    prompt1 = first["usage"]["prompt_tokens"]
+    reply = first["choices"][0]["message"]["content"]
+    turn2 = [*turn1, {"role": "assistant", "content": reply}, {"role": "user", "content": "More"}]
+    hits_before = sim.engine.stats.prefix_hits
+    await post(http, url, {"messages": turn2, "max_tokens": 1})
+    hits = sim.engine.stats.prefix_hits - hits_before
+    # The prompt's blocks, then the reply's (the last block of the KV holds no sampled token).
+    assert hits >= (prompt1 + 64 - 1) // 16 * 16 - 16
+    assert hits > prompt1
