@@ -51,8 +51,9 @@ def bench_engine(requests: int, prompt_tokens: int, max_tokens: int) -> None:
     steps = 0
     start = time.process_time()
     for i in range(requests):
-        tok = tokenize_text(prompts[i % len(prompts)], 16, None)
-        eng.add(SimRequest(tok.num_tokens, tok.block_hashes, max_tokens))
+        text = prompts[i % len(prompts)]
+        tok = tokenize_text(text, 16, None)
+        eng.add(SimRequest(tok.num_tokens, tok.block_hashes, max_tokens, None, text))
     while not eng.idle:
         batch, duration = eng.step()
         clock.t += duration
