@@ -8,6 +8,9 @@ Run: ``.venv/bin/python benchmarks/bench_metrics.py [--quick]``
    The endpoints are real aiohttp servers on 127.0.0.x in a *child process*, so this process's
    CPU (``time.process_time``) is the client's alone: HTTP fetch + parse + bookkeeping.
    Also printed: how much of that CPU the manager's own step meter sees.
+   For comparison, the same loop with the former client (one aiohttp session, same options).
+   And the clients alone: back-to-back GETs on one kept-alive connection, no parse, user and
+   kernel CPU apart (the kernel part is the loopback TCP exchange, the same for both).
 3. Scrape, adaptive: 100 endpoints with the default budget (half a core): the interval the
    manager settles on and the CPU share it actually uses.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -107,21 +111,109 @@ async def run_manager(
     await manager.start()
     manager.set_endpoints(Endpoint(f"pod-{i}", "bench", h, p) for i, (h, p) in enumerate(hostports))
     await asyncio.sleep(warmup)
-    scrapes, cpu0, wall0 = 0, time.process_time(), time.perf_counter()
+    scrapes, cpu0, sys0, wall0 = 0, time.process_time(), os.times().system, time.perf_counter()
     intervals = []
     for _ in range(int(seconds / 0.25)):
         await asyncio.sleep(0.25)
         intervals.append(manager.interval)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    kernel = os.times().system - sys0
     metered = manager.budget.cost_per_scrape
     await manager.stop()
     return {
         "scrapes_per_s": scrapes / wall,
         "cpu_share": cpu / wall,
         "cpu_per_scrape": cpu / max(scrapes, 1),
+        "kernel_share": kernel / cpu,
         "metered_per_scrape": metered,
         "interval": statistics.median(intervals),
     }
+
+
+async def run_aiohttp(
+    hostports: list[tuple[str, int]], *, warmup: float, seconds: float
+) -> dict[str, float]:
+    """The former scrape path: a shared aiohttp session, fetch + parse every 50 ms per endpoint."""
+    import aiohttp
+
+    from endpoint_picker.metrics.engines import BUILTIN_ENGINES
+    from endpoint_picker.metrics.parser import parse_metrics
+
+    names = BUILTIN_ENGINES["vllm"]
+    scrapes = 0
+
+    async def loop_one(session: aiohttp.ClientSession, url: str) -> None:
+        nonlocal scrapes
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.05 * (hash(url) % 100) / 100)
+        while True:
+            started = loop.time()
+            async with session.get(url, allow_redirects=False) as response:
+                body = await response.read()
+            parse_metrics(body, names, loop.time())
+            scrapes += 1
+            await asyncio.sleep(max(0.0, started + 0.05 - loop.time()))
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        read_bufsize=1 << 18,
+        timeout=aiohttp.ClientTimeout(total=1.0),
+        headers={"Accept": "text/plain", "Accept-Encoding": "identity"},
+    )
+    tasks = [
+        asyncio.create_task(loop_one(session, f"http://{h}:{p}/metrics")) for h, p in hostports
+    ]
+    await asyncio.sleep(warmup)
+    scrapes, cpu0, sys0, wall0 = 0, time.process_time(), os.times().system, time.perf_counter()
+    await asyncio.sleep(seconds)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    kernel = os.times().system - sys0
+    done = scrapes
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await session.close()
+    return {
+        "scrapes_per_s": done / wall,
+        "cpu_share": cpu / wall,
+        "cpu_per_scrape": cpu / done,
+        "kernel_share": kernel / cpu,
+    }
+
+
+async def bench_clients(host: str, port: int, gets: int = 2000) -> None:
+    """CPU per GET of each client alone, user and kernel (os.times), one connection, no parse."""
+    import aiohttp
+
+    from endpoint_picker.metrics.http import HttpClient
+
+    ours = HttpClient(host, port, timeout=1.0)
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        read_bufsize=1 << 18,
+        headers={"Accept": "text/plain", "Accept-Encoding": "identity"},
+    )
+
+    async def former() -> bytes:
+        async with session.get(f"http://{host}:{port}/metrics") as response:
+            return await response.read()
+
+    print(f"\nclients alone, {gets} back-to-back GETs on one connection (no parse):")
+    try:
+        for name, get in (("HttpClient", ours.get), ("aiohttp", former)):
+            for _ in range(100):
+                await get()
+            before = os.times()
+            for _ in range(gets):
+                await get()
+            after = os.times()
+            user = (after.user - before.user) / gets
+            kernel = (after.system - before.system) / gets
+            print(f"  {name:11s} user {user * 1e6:5.0f} us + kernel {kernel * 1e6:5.0f} us per GET")
+    finally:
+        ours.close()
+        await session.close()
 
 
 def report_fixed(count: int, result: dict[str, float], parse: float) -> float:
@@ -131,7 +223,10 @@ def report_fixed(count: int, result: dict[str, float], parse: float) -> float:
     print(f"\nfixed 50 ms, {count} endpoints (budget off), servers in a child process:")
     print(f"  scrapes/s:             {result['scrapes_per_s']:8.0f} (ideal {count * 20})")
     print(f"  client CPU:            {result['cpu_share'] * 100:8.1f} % of a core")
-    print(f"  CPU per scrape:        {per_scrape * 1e6:8.0f} us (parse {parse * 1e6:.0f} us)")
+    print(
+        f"  CPU per scrape:        {per_scrape * 1e6:8.0f} us (parse {parse * 1e6:.0f} us;"
+        f" {result['kernel_share'] * 100:.0f} % in the kernel)"
+    )
     print(f"  CPU per endpoint:      {per_endpoint * 100:8.2f} % of a core at 50 ms")
     print(f"  endpoints in 0.5 core: {fits:8.0f} at 50 ms")
     seen = result["metered_per_scrape"] / UNSEEN_OVERHEAD
@@ -155,14 +250,32 @@ def report_adaptive(count: int, result: dict[str, float]) -> None:
     print(f"  client CPU:            {result['cpu_share'] * 100:8.1f} % of a core")
 
 
-async def bench_scrape(fixed_count: int, adaptive_count: int, seconds: float) -> None:
+def report_aiohttp(count: int, result: dict[str, float], ours: float) -> None:
+    per_scrape = result["cpu_per_scrape"]
+    print(f"\nsame with the former aiohttp client, {count} endpoints at 50 ms:")
+    print(f"  scrapes/s:             {result['scrapes_per_s']:8.0f} (ideal {count * 20})")
+    print(f"  client CPU:            {result['cpu_share'] * 100:8.1f} % of a core")
+    print(
+        f"  CPU per scrape:        {per_scrape * 1e6:8.0f} us ({per_scrape / ours:.1f}x ours;"
+        f" {result['kernel_share'] * 100:.0f} % in the kernel)"
+    )
+    print(f"  endpoints in 0.5 core: {0.5 / (per_scrape * 20):8.0f} at 50 ms")
+
+
+async def bench_scrape(
+    fixed_count: int, adaptive_count: int, seconds: float, *, compare: bool
+) -> None:
     parse = bench_parse()
     child, hostports = start_servers(max(fixed_count, adaptive_count))
     try:
+        await bench_clients(*hostports[0])
         fixed = await run_manager(
             hostports[:fixed_count], cpu_budget=0.0, warmup=1.0, seconds=seconds
         )
         report_fixed(fixed_count, fixed, parse)
+        if compare:
+            former = await run_aiohttp(hostports[:fixed_count], warmup=1.0, seconds=seconds)
+            report_aiohttp(fixed_count, former, fixed["cpu_per_scrape"])
         adaptive = await run_manager(
             hostports[:adaptive_count], cpu_budget=0.5, warmup=2.0, seconds=seconds
         )
@@ -179,11 +292,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter runs (smoke test)")
     parser.add_argument("--fixed", type=int, default=20, help="endpoints at a fixed 50 ms")
     parser.add_argument("--adaptive", type=int, default=100, help="endpoints under the budget")
+    parser.add_argument("--no-aiohttp", action="store_true", help="skip the aiohttp comparison")
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(args.serve))
         return
-    asyncio.run(bench_scrape(args.fixed, args.adaptive, 2.0 if args.quick else 6.0))
+    seconds = 2.0 if args.quick else 6.0
+    asyncio.run(bench_scrape(args.fixed, args.adaptive, seconds, compare=not args.no_aiohttp))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Scrape every endpoint's ``/metrics``: one guarded asyncio task per endpoint.
 
-Each task fetches ``http://<hostport>/metrics`` over one shared, kept-alive aiohttp session, parses
-it with ``parse_metrics`` and hands the new immutable snapshot to ``on_snapshot``. A failed scrape
-(refused, timed out, non-200, a page without the required metrics) hands over nothing, so the
-endpoint keeps its last snapshot and ages into staleness; the scheduler judges that. Failures are
-logged once when they start, then at most every ``_LOG_EVERY`` seconds, and once on recovery.
+Each task fetches ``http://<hostport>/metrics`` over its own kept-alive connection (``HttpClient``,
+a lean HTTP/1.1 client on httptools), parses it with ``parse_metrics`` and hands the new immutable
+snapshot to ``on_snapshot``. A failed scrape (refused, timed out, non-200, a page without the
+required metrics) hands over nothing, so the endpoint keeps its last snapshot and ages into
+staleness; the scheduler judges that. Failures are logged once when they start, then at most
+every ``_LOG_EVERY`` seconds, and once on recovery. A task closes its connection when it ends.
 
 Tasks are spread over the interval (a random first delay) and run at a fixed rate; the interval
 is stretched by ``ScrapeBudget`` when the measured cost of scraping every endpoint at
@@ -20,12 +21,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from time import thread_time
 
-import aiohttp
 import structlog
 
 from endpoint_picker.errors import EppError
 from endpoint_picker.metrics.budget import Metered, ScrapeBudget
 from endpoint_picker.metrics.engines import EngineMetricNames, engine_names
+from endpoint_picker.metrics.http import HttpClient, ScrapeError
 from endpoint_picker.metrics.parser import parse_metrics
 from endpoint_picker.settings import ScrapeSettings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
@@ -33,15 +34,10 @@ from endpoint_picker.types import Endpoint, MetricsSnapshot
 METRICS_PATH = "/metrics"
 DEFAULT_CPU_BUDGET = 0.5  # a fraction of one core
 _LOG_EVERY = 30.0  # seconds between two reports of one endpoint's ongoing failure
-_MAX_BODY = 16 * 1024 * 1024  # a /metrics page bigger than this is not a model server's
-# Ask for plain text: gunzipping tens of KB 20 times a second costs more CPU than it saves.
-_HEADERS = {"Accept": "text/plain", "Accept-Encoding": "identity"}
 
 OnSnapshot = Callable[[Endpoint, MetricsSnapshot], None]
 
-
-class ScrapeError(EppError):
-    """One scrape got no usable page (status, size); network errors stay aiohttp's own."""
+__all__ = ["DEFAULT_CPU_BUDGET", "METRICS_PATH", "OnSnapshot", "ScrapeError", "ScrapeManager"]
 
 
 @dataclass(slots=True)
@@ -50,7 +46,7 @@ class _Target:
 
     endpoint: Endpoint
     names: EngineMetricNames
-    url: str
+    client: HttpClient
     task: asyncio.Task[None] | None = None
     failures: int = 0  # consecutive
     failures_since_log: int = 0
@@ -58,7 +54,7 @@ class _Target:
 
 
 class ScrapeManager:
-    """Owns the scrape tasks of the current endpoints and the HTTP session they share."""
+    """Owns the scrape tasks of the current endpoints, each with its own kept-alive connection."""
 
     def __init__(
         self,
@@ -85,7 +81,7 @@ class ScrapeManager:
         self._wanted: dict[str, Endpoint] = {}
         self._targets: dict[str, _Target] = {}
         self._retiring: set[asyncio.Task[None]] = set()
-        self._session: aiohttp.ClientSession | None = None
+        self._started = False
 
     @property
     def interval(self) -> float:
@@ -97,35 +93,29 @@ class ScrapeManager:
         return list(self._targets)
 
     async def start(self) -> None:
-        """Open the shared session and start scraping the endpoints set so far."""
-        if self._session is not None:
+        """Start scraping the endpoints set so far (and those set later)."""
+        if self._started:
             return
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            read_bufsize=1 << 18,  # a whole page in few reads
-            timeout=aiohttp.ClientTimeout(total=self._settings.timeout),
-            headers=_HEADERS,
-            raise_for_status=False,
-        )
+        self._started = True
         self._reconcile()
 
     async def stop(self) -> None:
-        """Cancel every task, wait for them all, close the session."""
-        for target in self._targets.values():
+        """Cancel every task, wait for them all; every connection is closed."""
+        self._started = False
+        targets = list(self._targets.values())
+        for target in targets:
             self._retire(target)
         self._targets.clear()
         tasks = list(self._retiring)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        for target in targets:  # a task cancelled before its first step never ran its finally
+            target.client.close()
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
         """Follow exactly ``endpoints`` (by hostport): start new tasks, cancel removed ones."""
         self._wanted = {endpoint.hostport: endpoint for endpoint in endpoints}
-        if self._session is not None:
+        if self._started:
             self._reconcile()
 
     def _reconcile(self) -> None:
@@ -136,7 +126,10 @@ class ScrapeManager:
                 del self._targets[hostport]
         for hostport, endpoint in self._wanted.items():
             if hostport not in self._targets:
-                target = _Target(endpoint, self._names_for(endpoint), _url(endpoint))
+                client = HttpClient(
+                    endpoint.address, endpoint.port, METRICS_PATH, timeout=self._settings.timeout
+                )
+                target = _Target(endpoint, self._names_for(endpoint), client)
                 target.task = asyncio.get_running_loop().create_task(
                     self._run(target), name=f"scrape {hostport}"
                 )
@@ -169,20 +162,23 @@ class ScrapeManager:
     async def _run(self, target: _Target) -> None:
         """Scrape one endpoint until cancelled; nothing but cancellation ends the loop."""
         loop = asyncio.get_running_loop()
-        await asyncio.sleep(random.uniform(0, self.interval))  # spreads load only
-        while True:
-            started = loop.time()
-            await self._scrape_once(target)
-            await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
+        try:
+            await asyncio.sleep(random.uniform(0, self.interval))  # spreads load only
+            while True:
+                started = loop.time()
+                await self._scrape_once(target)
+                await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
+        finally:
+            target.client.close()
 
     async def _scrape_once(self, target: _Target) -> None:
-        metered = Metered(self._fetch(target.url))
+        metered = Metered(target.client.get())
         try:
             body = await metered
             parse_started = thread_time()
             snapshot = parse_metrics(body, target.names, self._clock())
             self.budget.record(metered.cpu + thread_time() - parse_started)
-        except (aiohttp.ClientError, TimeoutError, EppError) as exc:
+        except (OSError, TimeoutError, EppError) as exc:  # refused/reset, timeout, bad page
             self.budget.record(metered.cpu)
             self._failed(target, exc)
             return
@@ -200,17 +196,6 @@ class ScrapeManager:
             )
             target.failures = target.failures_since_log = 0
             target.last_logged = float("-inf")
-
-    async def _fetch(self, url: str) -> bytes:
-        session = self._session
-        if session is None:
-            raise ScrapeError("scrape manager is stopped")
-        async with session.get(url, allow_redirects=False) as response:
-            if response.status != 200:
-                raise ScrapeError(f"HTTP {response.status}")
-            if (response.content_length or 0) > _MAX_BODY:
-                raise ScrapeError(f"page too large ({response.content_length} bytes)")
-            return await response.read()
 
     def _failed(self, target: _Target, exc: Exception, *, unexpected: bool = False) -> None:
         """Count a failure; log it if it starts a run of failures or the last log is old."""
@@ -231,7 +216,3 @@ class ScrapeManager:
         )
         target.failures_since_log = 0
         target.last_logged = now
-
-
-def _url(endpoint: Endpoint) -> str:
-    return f"http://{endpoint.hostport}{METRICS_PATH}"

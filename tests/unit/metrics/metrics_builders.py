@@ -57,30 +57,74 @@ def endpoint(address: str, port: int, engine: str | None = None, name: str = "")
 
 
 class MetricsServer:
-    """A real aiohttp server on 127.0.0.x serving a settable /metrics page."""
+    """A real aiohttp server on 127.0.0.x (or ::1) serving a settable /metrics page.
+
+    ``chunked`` sends the page in chunks of ``chunk_size`` bytes; ``close`` answers with
+    ``Connection: close``. ``peers`` lists the client port of every request (the server's view
+    of which connection carried it), ``headers`` the last request's headers.
+    """
 
     def __init__(self, host: str, body: bytes = b"", *, status: int = 200) -> None:
         self.host = host
         self.body = body
         self.status = status
         self.delay = 0.0
+        self.chunked = False
+        self.chunk_size = 4096
+        self.close = False
         self.hits = 0
+        self.peers: list[int] = []
+        self.headers: dict[str, str] = {}
         self.port = 0
+        self._release = asyncio.Event()  # ends every delay at once (stop)
+        self._handlers: set[asyncio.Task[object]] = set()
         self._runner: web.AppRunner | None = None
         self._sock: socket.socket | None = None
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.peers.append(peer[1] if peer else -1)
+        self.headers = dict(request.headers)
+        body, status = self.body, self.status  # as when asked: a late answer is the old page
         if self.delay:
-            await asyncio.sleep(self.delay)
-        return web.Response(body=self.body, status=self.status, content_type="text/plain")
+            task = asyncio.current_task()
+            assert task is not None
+            self._handlers.add(task)
+            try:
+                await asyncio.wait_for(self._release.wait(), self.delay)
+            except TimeoutError:
+                pass
+            finally:
+                self._handlers.discard(task)
+        if not self.chunked:
+            response = web.Response(body=body, status=status, content_type="text/plain")
+            if self.close:
+                response.force_close()
+            return response
+        stream = web.StreamResponse(status=status)
+        stream.content_type = "text/plain"
+        stream.enable_chunked_encoding()
+        if self.close:
+            stream.force_close()
+        await stream.prepare(request)
+        for start in range(0, len(body), self.chunk_size):
+            await stream.write(body[start : start + self.chunk_size])
+        await stream.write_eof()
+        return stream
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections the server still holds open."""
+        return len(self._runner.server.connections) if self._runner and self._runner.server else 0
 
     async def start(self, port: int = 0) -> MetricsServer:
         app = web.Application()
         app.router.add_get("/metrics", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, port))
         self._sock = sock
@@ -89,6 +133,9 @@ class MetricsServer:
         return self
 
     async def stop(self) -> None:
+        # A delayed handler whose client has gone is not awaited by aiohttp's cleanup: end it.
+        self._release.set()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -18,7 +18,7 @@ from tests.unit.metrics.metrics_builders import (
     vllm_page,
 )
 
-from endpoint_picker.metrics.scraper import ScrapeManager, _url
+from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.settings import ScrapeSettings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
@@ -292,15 +292,6 @@ async def test_refused_connections_fail_fast(manager_factory: Any) -> None:
     assert recorder.calls == []
 
 
-@pytest.mark.parametrize(
-    ("address", "url"),
-    [("10.0.0.7", "http://10.0.0.7:8000/metrics"), ("fd00::7", "http://[fd00::7]:8000/metrics")],
-)
-def test_url_brackets_ipv6(address: str, url: str) -> None:
-    """IPv6 pod addresses are bracketed in the scrape URL."""
-    assert _url(endpoint(address, 8000)) == url
-
-
 @pytest.mark.parametrize(("staleness", "cap"), [(2.0, 0.5), (0.0, 1.0), (0.1, 0.05)])
 def test_interval_cap_comes_from_staleness(staleness: float, cap: float) -> None:
     """The budget never stretches the interval past a quarter of the staleness threshold."""
@@ -318,3 +309,29 @@ async def test_interval_stretches_with_measured_cost(servers: Any, manager_facto
     await until(lambda: manager.budget.samples > 0)
     manager.budget.cost_per_scrape = 0.05  # as if each scrape cost 50 ms of CPU
     assert manager.interval == pytest.approx(0.2)  # 2 * 50 ms / 0.5
+
+
+async def test_scrapes_reuse_one_connection(servers: Any, manager_factory: Any) -> None:
+    """Successive scrapes of an endpoint travel on one kept-alive connection."""
+    server = await servers("127.0.0.37", vllm_page())
+    manager = await manager_factory(Recorder())
+    manager.set_endpoints([server.endpoint()])
+    await until(lambda: server.hits >= 5)
+    assert len(set(server.peers)) == 1
+
+
+async def test_removal_and_stop_close_connections(servers: Any) -> None:
+    """A removed endpoint's connection is closed, and stop() closes all the others."""
+    a, b = [await servers(f"127.0.0.{n}", vllm_page()) for n in (38, 39)]
+    manager = ScrapeManager(FAST, Recorder())
+    await manager.start()
+    try:
+        manager.set_endpoints([a.endpoint(), b.endpoint()])
+        await until(lambda: a.hits >= 2 and b.hits >= 2)
+        assert (a.open_connections, b.open_connections) == (1, 1)
+        manager.set_endpoints([b.endpoint()])
+        await until(lambda: a.open_connections == 0)
+    finally:
+        await manager.stop()
+    await until(lambda: b.open_connections == 0)
+    assert b.open_connections == 0
