@@ -100,6 +100,8 @@ def parse_completion(data: dict[str, Any], default_max_tokens: int) -> Prompt:
     text: str | None = None
     ids: tuple[int, ...] | None = None
     if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError(400, "The decoder prompt cannot be empty")
         text = prompt
     elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
         ids = tuple(prompt)

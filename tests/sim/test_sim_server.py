@@ -81,13 +81,15 @@ async def test_unknown_model_is_404_with_vllm_body(
 
 
 async def test_bad_requests_are_400(sim: SimServer, http: aiohttp.ClientSession) -> None:
-    """Bad JSON, a missing prompt or messages, and too long a context are 400s."""
+    """Bad JSON, a missing or empty prompt, missing messages, too long a context are 400s."""
     async with http.post(f"{sim.url}/v1/completions", data=b"{not json") as resp:
         assert resp.status == 400
         assert (await resp.json())["error"]["type"] == "BadRequestError"
     status, body = await post(http, f"{sim.url}/v1/completions", {"model": MODEL})
     assert (status, body["error"]["code"]) == (400, 400)
     status, _ = await post(http, f"{sim.url}/v1/chat/completions", {"model": MODEL})
+    assert status == 400
+    status, _ = await post(http, f"{sim.url}/v1/completions", {"prompt": "", "max_tokens": 0})
     assert status == 400
     huge = {"model": MODEL, "prompt": "x", "max_tokens": 10**7}
     status, body = await post(http, f"{sim.url}/v1/completions", huge)
