@@ -156,6 +156,15 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         ("--lora-info-metric", "LoRA info"),
     ):
         p.add_argument(flag, metavar="NAME", help=f"the vLLM {what} metric name")
+    p.add_argument(
+        "--engine-metric",
+        type=_typed(_engine_metric, "engine metric"),
+        action="append",
+        default=[],
+        metavar="ENGINE.FIELD=METRIC",
+        help="override one metric of any engine (fields: queue, running, kv_usage, lora_info, "
+        "cache_info, ...; see docs/metrics.md); repeatable",
+    )
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--log-level", choices=log_levels(), default="info")
 
@@ -184,15 +193,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _engine_metric(text: str) -> tuple[str, str, str]:
+    """``ENGINE.FIELD=SPEC`` (e.g. ``sglang.queue=sglang:num_queue_reqs``)."""
+    key, sep, spec = text.partition("=")
+    engine, dot, field = key.partition(".")
+    if not sep or not dot or not engine or not field:
+        raise ConfigError(f"invalid --engine-metric {text!r} (use ENGINE.FIELD=METRIC)")
+    return engine.strip(), field.strip(), spec.strip()
+
+
 def _metric_overrides(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    overrides: dict[str, dict[str, str]] = {}
+    for engine, field, spec in args.engine_metric:
+        overrides.setdefault(engine, {})[field] = spec
     flags = {
         "queue": args.total_queued_requests_metric,
         "running": args.total_running_requests_metric,
         "kv_usage": args.kv_cache_usage_percentage_metric,
         "lora_info": args.lora_info_metric,
     }
-    chosen = {k: v for k, v in flags.items() if v}
-    return {"vllm": chosen} if chosen else {}
+    for field, spec in flags.items():
+        if spec:
+            overrides.setdefault("vllm", {})[field] = spec
+    return overrides
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -103,3 +103,22 @@ def test_serve_starts_and_drains_on_sigterm(tmp_path: Path) -> None:
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("sglang-queue", "use ENGINE.FIELD=METRIC"),
+        ("sglang.queues=sglang:x", "metric_overrides.sglang.queues"),
+    ],
+)
+def test_bad_engine_metric_override_exit_2(tmp_path: Path, flag: str, message: str) -> None:
+    """A malformed or unknown --engine-metric override is one clear line, exit 2."""
+    path = tmp_path / "pool.yaml"
+    path.write_text(pool_yaml(pool(), pod("p", "127.0.0.2")))
+    result = run(
+        "serve", "--pool-file", str(path), "--bind-address", "127.0.0.1", "--grpc-port", "0",
+        "--grpc-health-port", "0", "--metrics-port", "0", "--engine-metric", flag,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert message in result.stderr
