@@ -39,10 +39,19 @@ async def test_pool_file_edit_applies_and_bad_edit_keeps_last_good(tmp_path: Pat
             return lb_metadata(out[0]) == "127.0.0.3:8000"
 
         await _eventually(moved, within=1.5)
-        pool_file.write_text("kind: InferenceModel\napiVersion: nope\n")
-        await asyncio.sleep(0.3)
-        out = await client.exchange([headers(), body(raw)])
-        assert lb_metadata(out[0]) == "127.0.0.3:8000"
+        for bad in (b"kind: InferenceModel\napiVersion: nope\n", b"\xff\xfe not text"):
+            pool_file.write_bytes(bad)
+            await asyncio.sleep(0.3)
+            out = await client.exchange([headers(), body(raw)])
+            assert lb_metadata(out[0]) == "127.0.0.3:8000"
+        # the watch survived the bad edits: a good one still applies
+        pool_file.write_text(pool_yaml(pool(), model("m"), pod("c", "127.0.0.4")))
+
+        async def moved_again() -> bool:
+            out = await client.exchange([headers(), body(raw)])
+            return lb_metadata(out[0]) == "127.0.0.4:8000"
+
+        await _eventually(moved_again, within=1.5)
 
 
 async def _health(port: int, service: str) -> int:

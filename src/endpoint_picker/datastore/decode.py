@@ -102,12 +102,20 @@ def _decode_pool(doc: Mapping[str, Any], api: str, f: _Fields) -> InferencePool:
     )
 
 
-def _timestamp_text(value: Any) -> str:
-    # YAML parses an unquoted timestamp into a datetime; compare everything as RFC 3339 text.
-    if isinstance(value, datetime.datetime):
-        utc = value.astimezone(datetime.UTC) if value.tzinfo else value
-        return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return str(value) if value else ""
+def _timestamp(value: Any, f: _Fields) -> float | None:
+    """``metadata.creationTimestamp`` as POSIX seconds; naive times are UTC (as Kubernetes')."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            raise f.fail("metadata.creationTimestamp", f"not an RFC 3339 time: {value!r}") from None
+    if not isinstance(value, datetime.datetime):  # YAML parses unquoted times itself
+        raise f.fail("metadata.creationTimestamp", "must be an RFC 3339 time")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.UTC)
+    return float(value.timestamp())
 
 
 def _decode_model(doc: Mapping[str, Any], order: int, f: _Fields) -> InferenceModel:
@@ -145,7 +153,7 @@ def _decode_model(doc: Mapping[str, Any], order: int, f: _Fields) -> InferenceMo
         criticality=criticality,
         target_models=tuple(targets),
         pool_ref=f.string(pool_ref.get("name"), "spec.poolRef.name"),
-        creation_timestamp=_timestamp_text(created),
+        creation_timestamp=_timestamp(created, f),
         order=order,
     )
 
@@ -188,6 +196,8 @@ def decode_documents(docs: Iterable[Any], source: str) -> ClusterState:
         if not isinstance(doc, Mapping):
             raise ConfigError("must be a mapping with apiVersion and kind", where)
         kind, api = doc.get("kind"), doc.get("apiVersion")
+        if not isinstance(kind, str) or not isinstance(api, str):
+            raise ConfigError("apiVersion and kind must be strings", where)
         name = (
             doc.get("metadata", {}).get("name")
             if isinstance(doc.get("metadata"), Mapping)

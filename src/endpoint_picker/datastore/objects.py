@@ -42,7 +42,7 @@ class InferenceModel:
     criticality: Criticality
     target_models: tuple[TargetModel, ...]
     pool_ref: str
-    creation_timestamp: str  # RFC 3339, compared as text; "" when absent
+    creation_timestamp: float | None  # POSIX seconds; None when absent
     order: int  # position in the source, the tie-breaker when timestamps are absent or equal
 
 

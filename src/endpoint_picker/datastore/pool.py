@@ -63,8 +63,13 @@ def pool_models(
     """The pool's InferenceModels by modelName; of two with one name the older wins."""
     chosen: dict[str, InferenceModel] = {}
     ours = [m for m in models if m.pool_ref == pool.name and m.namespace == pool.namespace]
-    # Absent timestamps sort as "" (oldest), then source order decides.
-    for model in sorted(ours, key=lambda m: (m.creation_timestamp, m.order)):
+
+    # The oldest wins; without timestamps (or with equal ones) the source order decides.
+    def age(m: InferenceModel) -> tuple[bool, float, int]:
+        absent = m.creation_timestamp is None
+        return (absent, m.creation_timestamp or 0.0, m.order)
+
+    for model in sorted(ours, key=age):
         chosen.setdefault(model.model_name, model)
     return chosen
 

@@ -130,3 +130,41 @@ def test_invalid_yaml_names_line_and_column() -> None:
     """A YAML syntax error names the line and column."""
     with pytest.raises(ConfigError, match=r"pool\.yaml:2:\d+: invalid YAML"):
         parse_pool_text("a: b\n  c: : d\n", "pool.yaml")
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "winner"),
+    [
+        ("2025-01-01T10:00:00+05:00", "2025-01-01T06:00:00Z", "first"),  # 05:00Z is older
+        ("2025-01-01T00:00:00.5Z", "2025-01-01T00:00:00.25Z", "second"),
+        (None, "2025-01-01T00:00:00Z", "second"),  # a known age beats an unknown one
+    ],
+)
+def test_creation_timestamps_compare_as_times(
+    first: str | None, second: str | None, winner: str
+) -> None:
+    """Offsets and fractions compare as instants; a model without a timestamp loses."""
+    state = resolve(
+        pool(), model("m", name="first", created=first), model("m", name="second", created=second)
+    )
+    assert state.models["m"].name == winner
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("kind: [Pod]\napiVersion: v1\n", "apiVersion and kind must be strings"),
+        ("- 1\n- 2\n", "must be a mapping"),
+    ],
+)
+def test_odd_shapes_are_config_errors(text: str, message: str) -> None:
+    """Shapes the decoder never expected are ConfigErrors, never tracebacks."""
+    with pytest.raises(ConfigError, match=message):
+        parse_pool_text(text, "pool.yaml")
+
+
+def test_bad_timestamp_names_the_field() -> None:
+    """An unparsable creationTimestamp names its field."""
+    with pytest.raises(ConfigError) as info:
+        parse_pool_text(pool_yaml(pool(), model("m", created="yesterday")), "pool.yaml")
+    assert info.value.path.endswith("metadata.creationTimestamp")
