@@ -50,7 +50,7 @@ def build(endpoints: int) -> tuple[Director, EppMetrics]:
     parts = build_scheduling(
         None, settings=SchedulingSettings(), staleness_threshold=2.0, observer=metrics
     )
-    return Director(store, parts.scheduler, parts.saturation_detector, metrics=metrics), metrics
+    return Director(store, parts.scheduler, parts.saturation_detector), metrics
 
 
 def main() -> None:

@@ -116,7 +116,6 @@ class App:
             components.saturation_detector,
             allow_unknown_models=self.settings.pool.allow_unknown_models,
             rng=self._rng,
-            metrics=self.metrics,
         )
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:

@@ -17,14 +17,14 @@ import structlog
 
 from endpoint_picker.datastore import InferenceModel, InferencePool
 from endpoint_picker.errors import (
+    BadRequestError,
     ModelNotFoundError,
     RequestError,
     ServiceUnavailableError,
     TooManyRequestsError,
 )
-from endpoint_picker.requests import Api, LLMRequest, parse_request
+from endpoint_picker.requests import Api, LLMRequest, api_for_path, parse_request
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult
-from endpoint_picker.telemetry.metrics import EppMetrics
 from endpoint_picker.types import Criticality, EndpointState, parse_hostport
 
 log = structlog.get_logger(__name__)
@@ -69,14 +69,12 @@ class Director:
         *,
         allow_unknown_models: bool | None = None,
         rng: random.Random | None = None,
-        metrics: EppMetrics | None = None,
     ) -> None:
         self._pool = pool
         self._scheduler = scheduler
         self._saturation = saturation
         self._allow_unknown = allow_unknown_models
         self._rng = rng or random.Random()
-        self._metrics = metrics
 
     def route(
         self, request_id: str, path: str, raw_body: bytes, subset: Sequence[str] | None
@@ -86,19 +84,19 @@ class Director:
         try:
             request = parse_request(request_id, path, raw_body)
             request = self._resolve_model(request)
-            decision = self._schedule(request, subset)
+            return self._schedule(request, subset)
         except RequestError as exc:
-            if self._metrics is not None:
-                model = request.model if request else ""
-                target = request.target_model if request else ""
-                self._metrics.request_failed(model, target, exc.code.type_name)
+            if request is not None:
+                exc.model, exc.target_model = request.model, request.target_model
             raise
-        return decision
 
     def route_headers_only(
         self, request_id: str, path: str, subset: Sequence[str] | None
     ) -> RoutingDecision:
         """Route a request without a body (e.g. ``GET /v1/models``) to any eligible endpoint."""
+        api = api_for_path(path)
+        if api is not Api.OTHER:
+            raise BadRequestError(f"{path.partition('?')[0]} needs a JSON request body")
         request = LLMRequest(request_id=request_id, api=Api.OTHER, model="", raw_body=b"", body={})
         return self._schedule(request, subset)
 

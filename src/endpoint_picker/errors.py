@@ -62,6 +62,9 @@ class RequestError(EppError):
 
     def __init__(self, message: str) -> None:
         self.message = message
+        # what the request asked for and was sent as, once known (for the error metrics)
+        self.model = ""
+        self.target_model = ""
         super().__init__(message)
 
 

@@ -71,7 +71,7 @@ def parse_request(request_id: str, path: str, raw_body: bytes) -> LLMRequest:
     model = body["model"]
     if not isinstance(model, str) or not model:
         raise BadRequestError("'model' must be a non-empty string")
-    if api is Api.COMPLETIONS and "prompt" not in body:
+    if api is Api.COMPLETIONS and body.get("prompt") is None:
         raise BadRequestError("/v1/completions needs a 'prompt' field")
     if api is Api.CHAT_COMPLETIONS:
         messages = body.get("messages")

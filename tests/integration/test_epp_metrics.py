@@ -43,6 +43,10 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
                 ]
             )
         await client.exchange([headers(), body(json_body({"model": "nope", "prompt": "x"}))])
+        await client.exchange([headers("/v1/models", method="GET", end_of_stream=True)])
+        await client.exchange(
+            [headers(), body(request), response_headers(status=503), response_body(b"{}")]
+        )
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"http://127.0.0.1:{app.ports.metrics}/metrics") as reply,
@@ -56,13 +60,33 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
     request_total = [
         s for s in families["inference_model_request"].samples if s.name.endswith("_total")
     ]
-    assert [(s.labels, s.value) for s in request_total] == [(m, 2.0)]
+    assert [(s.labels, s.value) for s in request_total] == [(m, 3.0)]
     errors = [
         s for s in families["inference_model_request_error"].samples if s.name.endswith("_total")
     ]
     assert [(s.labels, s.value) for s in errors] == [
-        ({"model_name": "nope", "target_model_name": "nope", "error_code": "NotFound"}, 1.0)
+        (
+            {"model_name": "nope", "target_model_name": "nope", "error_code": "BadConfiguration"},
+            1.0,
+        ),
+        ({**m, "error_code": "ModelServerError"}, 1.0),
     ]
+    # the reference EPP's buckets, exactly
+    request_le = {
+        s.labels["le"]
+        for s in families["inference_model_request_sizes"].samples
+        if "le" in s.labels
+    }
+    assert "32768.0" in request_le
+    assert "32778.0" not in request_le
+    output_le = sorted(
+        float(s.labels["le"])
+        for s in families["inference_model_output_tokens"].samples
+        if "le" in s.labels
+    )
+    assert output_le[-2:] == [8192.0, float("inf")]
+    # a request without a model (GET /v1/models) is not model traffic
+    assert all(s.labels.get("model_name") != "" for f in families.values() for s in f.samples)
     assert families["inference_model_input_tokens"].type == "histogram"
     tokens = {
         s.name: s.value
@@ -70,7 +94,7 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
         if s.labels.get("le") in (None, "32.0")
     }
     assert tokens["inference_model_output_tokens_sum"] == 60.0
-    assert tokens["inference_model_output_tokens_count"] == 2.0
+    assert tokens["inference_model_output_tokens_count"] == 2.0  # the 503 had no usage
     inputs = {
         s.name: s.value
         for s in families["inference_model_input_tokens"].samples
@@ -82,7 +106,7 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
         for s in families["inference_model_request_sizes"].samples
         if "le" not in s.labels
     }
-    assert sizes["inference_model_request_sizes_sum"] == 2.0 * len(request)
+    assert sizes["inference_model_request_sizes_sum"] == 3.0 * len(request)
     assert sample(samples, "inference_model_running_requests", model_name="m") == 0.0
     assert sample(samples, "inference_pool_ready_pods", name="pool") == 1.0
     assert families["inference_pool_average_kv_cache_utilization"].type == "gauge"
@@ -91,7 +115,7 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
         s.name: s.value
         for s in families["inference_extension_scheduler_e2e_duration_seconds"].samples
     }
-    assert e2e["inference_extension_scheduler_e2e_duration_seconds_count"] == 2.0
+    assert e2e["inference_extension_scheduler_e2e_duration_seconds_count"] == 4.0
     plugin_labels = {
         (s.labels["extension_point"], s.labels["plugin_type"])
         for s in families["inference_extension_plugin_duration_seconds"].samples
@@ -103,4 +127,4 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
         for s in families["inference_model_request_duration_seconds"].samples
         if "le" not in s.labels
     }
-    assert durations["inference_model_request_duration_seconds_count"] == 2.0
+    assert durations["inference_model_request_duration_seconds_count"] == 3.0

@@ -124,8 +124,11 @@ async def test_subset_hint_honoured_and_empty_subset_is_503(tmp_path: Path) -> N
         for _ in range(5):
             out = await client.exchange([headers(subset=["127.0.0.3:8000"]), body(raw)])
             assert lb_metadata(out[0]) == "127.0.0.3:8000"
-        out = await client.exchange([headers(subset=["10.9.9.9:1"]), body(raw)])
-    assert error_of(out[0])[0] == 503
+        ineligible = await client.exchange([headers(subset=["10.9.9.9:1"]), body(raw)])
+        empty = await client.exchange([headers(subset=[]), body(raw)])
+    assert error_of(ineligible[0])[0] == 503
+    status, error = error_of(empty[0])
+    assert (status, error["error"]["message"]) == (503, "the subset hint is empty")
 
 
 async def test_client_sent_destination_headers_are_ignored_and_removed(tmp_path: Path) -> None:
@@ -138,8 +141,10 @@ async def test_client_sent_destination_headers_are_ignored_and_removed(tmp_path:
     async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
         out = await client.exchange([headers(extra=spoof), body(raw)])
     mutation = out[0].request_headers.response.header_mutation
+    # the destination is overwritten with the EPP's pick, every other variant removed
     assert header_map(mutation)["x-gateway-destination-endpoint"] in ENDPOINTS
-    assert "x-gateway-destination-endpoint-subset" in mutation.remove_headers
+    assert list(mutation.remove_headers) == ["x-gateway-destination-endpoint-subset"]
+    assert lb_metadata(out[0]) == header_map(mutation)["x-gateway-destination-endpoint"]
 
 
 async def test_headers_only_request_routes_at_once(tmp_path: Path) -> None:
@@ -282,3 +287,46 @@ async def test_body_over_the_limit_is_413_and_forgotten(tmp_path: Path) -> None:
     status, error = error_of(out[0])
     assert (status, error["error"]["type"]) == (413, "PayloadTooLarge")
     assert len(out) == 1
+
+
+async def test_buffered_body_before_trailers_is_routed(tmp_path: Path) -> None:
+    """BUFFERED with trailers: the body (no end_of_stream) is routed, then trailers continue."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    raw = json_body({"model": "m", "prompt": "x"})
+    async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
+        out = await client.exchange(
+            [
+                headers(request_mode=BUFFERED, response_mode=BUFFERED),
+                body(raw, end_of_stream=False),
+                pb.ProcessingRequest(request_trailers=pb.HttpTrailers()),
+            ]
+        )
+    assert [r.WhichOneof("response") for r in out] == [
+        "request_headers",
+        "request_body",
+        "request_trailers",
+    ]
+    assert lb_metadata(out[1]) in ENDPOINTS
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_inference_post_without_body_is_400(tmp_path: Path, path: str) -> None:
+    """A completion request whose headers end the stream has no body to route on: 400."""
+    async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
+        out = await client.exchange([headers(path, end_of_stream=True)])
+    assert error_of(out[0])[0] == 400
+
+
+async def test_unexpected_exception_is_a_json_500(tmp_path: Path) -> None:
+    """A bug below the edge still answers a JSON 500 and ends the stream cleanly."""
+    async with running_app(make_settings(tmp_path, BASIC)) as (app, client):
+
+        def broken(*_: object) -> None:
+            raise RuntimeError("boom")
+
+        app.datastore.endpoint_states = broken  # type: ignore[method-assign]
+        out = await client.exchange([headers(), body(json_body({"model": "m", "prompt": "x"}))])
+    status, error = error_of(out[0])
+    assert (status, error["error"]["type"]) == (500, "Internal")
+    assert "boom" not in error["error"]["message"]

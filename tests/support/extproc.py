@@ -64,13 +64,13 @@ def json_body(obj: Any) -> bytes:
 
 
 def response_headers(
-    content_type: str = "application/json", served: str | None = None
+    content_type: str = "application/json", served: str | None = None, status: int = 200
 ) -> pb.ProcessingRequest:
     message = pb.ProcessingRequest(
         response_headers=pb.HttpHeaders(
             headers=base_pb2.HeaderMap(
                 headers=[
-                    base_pb2.HeaderValue(key=":status", raw_value=b"200"),
+                    base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
                     base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
                 ]
             )

@@ -30,6 +30,7 @@ def test_api_from_path(path: str, api: Api) -> None:
         ("/v1/completions", b'{"prompt": "hi"}', "no 'model' field"),
         ("/v1/completions", b'{"model": 7, "prompt": "hi"}', "non-empty string"),
         ("/v1/completions", b'{"model": "m"}', "needs a 'prompt'"),
+        ("/v1/completions", b'{"model": "m", "prompt": null}', "needs a 'prompt'"),
         ("/v1/chat/completions", b'{"model": "m"}', "needs a 'messages'"),
         ("/v1/chat/completions", b'{"model": "m", "messages": "hi"}', "must be a list"),
     ],

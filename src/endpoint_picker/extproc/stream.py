@@ -19,7 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import ErrorCode, InternalError, PayloadTooLargeError, RequestError
 from endpoint_picker.extproc import responses, wire
-from endpoint_picker.telemetry.metrics import EppMetrics
+from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
 from endpoint_picker.telemetry.usage import UsageReader
 
 log = structlog.get_logger(__name__)
@@ -46,6 +46,15 @@ def _metadata_string(request: pb.ProcessingRequest, namespace: str, key: str) ->
     if value is None or value.WhichOneof("kind") != "string_value":
         return None
     return str(value.string_value)
+
+
+_MAX_REQUEST_ID = 128
+
+
+def _safe_request_id(raw: str) -> str:
+    """The client's request id as logged: printable ASCII, bounded, or "" to generate one."""
+    text = raw[:_MAX_REQUEST_ID]
+    return text if text.isascii() and text.isprintable() else ""
 
 
 def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
@@ -87,7 +96,7 @@ class RequestStream:
         self._subset: list[str] | None = None
         self._body = bytearray()
         self._decision: RoutingDecision | None = None
-        self._routed_at = 0.0
+        self._received_at = 0.0
         self._usage: UsageReader | None = None
         self._served = ""
         self._closed_metrics = False
@@ -118,12 +127,20 @@ class RequestStream:
                 self._finish_response()
                 return [responses.CONTINUE_RESPONSE_TRAILERS]
         except RequestError as exc:
-            return self._reject(exc.code, exc.message)
+            return self._reject(exc.code, exc.message, exc.model, exc.target_model)
+        except Exception:
+            # A bug (ours or a plugin's) still answers Envoy with a JSON 500, never a dead stream.
+            log.exception("request failed unexpectedly", message_kind=kind)
+            return self._reject(ErrorCode.INTERNAL, "internal error in the endpoint picker")
         return self._reject(ErrorCode.INTERNAL, f"unexpected ext_proc message {kind!r}")
 
-    def _reject(self, code: ErrorCode, message: str) -> Responses:
+    def _reject(
+        self, code: ErrorCode, message: str, model: str = "", target_model: str = ""
+    ) -> Responses:
         log.info("request rejected", status=code.http_status, reason=message)
         self.finished = True
+        if self._metrics is not None:
+            self._metrics.request_failed(model, target_model, code)
         return [responses.immediate_error(code, message)]
 
     # -- request path ---------------------------------------------------------------------------
@@ -135,9 +152,13 @@ class RequestStream:
             if key == ":path":
                 self._path = _header_value(header)
             elif key == wire.REQUEST_ID_HEADER:
-                self._request_id = _header_value(header)
-            elif key.startswith(wire.DESTINATION_HEADER_PREFIX):
-                self._spoofed.append(key)  # a client may never choose the upstream
+                self._request_id = _safe_request_id(_header_value(header))
+            elif (
+                key.startswith(wire.DESTINATION_HEADER_PREFIX) and key != wire.DESTINATION_ENDPOINT
+            ):
+                # a client may never choose the upstream (the destination itself is overwritten)
+                self._spoofed.append(key)
+        self._received_at = self._clock()
         if not self._request_id:
             self._request_id = uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=self._request_id)
@@ -165,9 +186,11 @@ class RequestStream:
             raise PayloadTooLargeError(
                 f"request body exceeds the EPP's limit of {self._max_body_bytes} bytes"
             )
-        if not body.end_of_stream:
-            return []
-        return self._route_body(end_of_stream=True)
+        if body.end_of_stream or self._request_mode == BUFFERED:
+            # BUFFERED sends the whole body in one message; without end_of_stream when
+            # trailers follow, and Envoy waits for this answer before sending them.
+            return self._route_body(end_of_stream=body.end_of_stream)
+        return []
 
     def _on_request_trailers(self) -> Responses:
         if self._decision is None and self._request_mode == FULL_DUPLEX:
@@ -201,7 +224,6 @@ class RequestStream:
 
     def _routed(self, decision: RoutingDecision) -> None:
         self._decision = decision
-        self._routed_at = self._clock()
         request = decision.request
         log.debug(
             "request routed",
@@ -221,12 +243,18 @@ class RequestStream:
         served = _metadata_string(message, wire.LB_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
         if served:
             self._served = served
-        content_type = ""
+        content_type, status = "", 0
         for header in message.response_headers.headers.headers:
-            if header.key.lower() == wire.CONTENT_TYPE:
+            key = header.key.lower()
+            if key == wire.CONTENT_TYPE:
                 content_type = _header_value(header)
-                break
+            elif key == ":status":
+                text = _header_value(header)
+                status = int(text) if text.isdigit() else 0
         self._usage = UsageReader(content_type)
+        if status >= 400 and self._decision is not None and self._metrics is not None:
+            request = self._decision.request
+            self._metrics.request_failed(request.model, request.target_model, MODEL_SERVER_ERROR)
         if message.response_headers.end_of_stream:
             self._finish_response()
         return [responses.CONTINUE_RESPONSE_HEADERS]
@@ -263,7 +291,7 @@ class RequestStream:
             self._metrics.request_finished(
                 request.model,
                 request.target_model,
-                seconds=self._clock() - self._routed_at,
+                seconds=self._clock() - self._received_at,
                 response_bytes=self._usage.body_bytes if self._usage else 0,
                 input_tokens=usage.prompt_tokens if usage else None,
                 output_tokens=usage.completion_tokens if usage else None,

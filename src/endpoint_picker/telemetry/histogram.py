@@ -35,8 +35,6 @@ class HistogramChild:
 class LoopHistogram(Collector):
     """A labelled histogram; register it with a ``CollectorRegistry`` like any collector."""
 
-    _LIMIT = 10_000  # label sets kept; client-chosen model names must not grow it unbounded
-
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
     ) -> None:
@@ -56,8 +54,6 @@ class LoopHistogram(Collector):
         if child is None:
             if len(values) != len(self._labelnames):
                 raise ValueError(f"{self._name}: expected labels {self._labelnames}")
-            if len(self._children) >= self._LIMIT:
-                self._children.clear()
             child = self._children[values] = HistogramChild(self._bounds)
         return child
 

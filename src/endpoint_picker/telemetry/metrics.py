@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from endpoint_picker.errors import ErrorCode
 from endpoint_picker.telemetry.histogram import LoopHistogram
 
 _DURATION_BUCKETS = (
@@ -53,7 +54,8 @@ _DURATION_BUCKETS = (
     2700,
     3600,
 )
-# 32778 (not 32768) is the reference EPP's value; dashboards keyed on `le` depend on it.
+# The reference EPP's tables, exactly: dashboards keyed on `le` depend on them (its 32778 in
+# the response-size and input-token tables, beside 32768 for request sizes, is kept as is).
 _REQUEST_SIZE_BUCKETS = (
     64,
     128,
@@ -64,7 +66,7 @@ _REQUEST_SIZE_BUCKETS = (
     4096,
     8192,
     16384,
-    32778,
+    32768,
     65536,
     131072,
     262144,
@@ -119,7 +121,7 @@ _INPUT_TOKEN_BUCKETS = (
     524288,
     1048576,
 )
-_OUTPUT_TOKEN_BUCKETS = _RESPONSE_SIZE_BUCKETS
+_OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 _SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
@@ -164,9 +166,10 @@ class _PoolCollector(Collector):
 
 
 class _Children:
-    """Cached ``metric.labels(...)`` children: prometheus_client's lookup costs microseconds."""
+    """Cached ``metric.labels(...)`` children: prometheus_client's lookup costs microseconds.
 
-    _LIMIT = 10_000  # client-chosen model names must not grow the cache without bound
+    Bounded because label values are bounded (``EppMetrics`` caps model names).
+    """
 
     def __init__(self, metric: Any) -> None:
         self._metric = metric
@@ -175,10 +178,25 @@ class _Children:
     def __call__(self, *labels: str) -> Any:
         child = self._cache.get(labels)
         if child is None:
-            if len(self._cache) >= self._LIMIT:
-                self._cache.clear()
             child = self._cache[labels] = self._metric.labels(*labels)
         return child
+
+
+# Our error kinds as the reference EPP labels `error_code` (dashboards filter on these).
+_REFERENCE_ERROR_CODES = {
+    ErrorCode.BAD_REQUEST: "BadRequest",
+    ErrorCode.PAYLOAD_TOO_LARGE: "BadRequest",
+    ErrorCode.NOT_FOUND: "BadConfiguration",
+    ErrorCode.RESOURCE_EXHAUSTED: "InferencePoolResourceExhausted",
+    ErrorCode.SERVICE_UNAVAILABLE: "ServiceUnavailable",
+    ErrorCode.INTERNAL: "Internal",
+}
+MODEL_SERVER_ERROR = "ModelServerError"  # the model server answered with an error status
+# Clients choose model names: past this many distinct ones, new names are labelled "other",
+# so a stream of made-up names cannot grow /metrics without bound.
+MAX_MODEL_LABELS = 1000
+MAX_LABEL_LENGTH = 256
+OTHER_MODELS = "other"
 
 
 class EppMetrics:
@@ -245,6 +263,7 @@ class EppMetrics:
         self.output_tokens: LoopHistogram
         self.scheduler_e2e: LoopHistogram
         self.plugin_durations: LoopHistogram
+        self._model_labels: set[str] = set()
         self._request_total = _Children(self.request_total)
         self._request_error_total = _Children(self.request_error_total)
         self._running_requests = _Children(self.running_requests)
@@ -263,13 +282,25 @@ class EppMetrics:
 
     # -- request lifecycle ----------------------------------------------------------------------
 
+    def _label(self, model: str) -> str:
+        if model in self._model_labels:
+            return model
+        if len(self._model_labels) >= MAX_MODEL_LABELS or len(model) > MAX_LABEL_LENGTH:
+            return OTHER_MODELS
+        self._model_labels.add(model)
+        return model
+
     def request_started(self, model: str, target: str, request_bytes: int) -> None:
+        if not model:  # requests without a model (GET /v1/models) are not model traffic
+            return
+        model, target = self._label(model), self._label(target)
         self._request_total(model, target).inc()
         self.request_sizes.labels(model, target).observe(request_bytes)
         self._running_requests(model).inc()
 
-    def request_failed(self, model: str, target: str, error_code: str) -> None:
-        self._request_error_total(model, target, error_code).inc()
+    def request_failed(self, model: str, target: str, code: ErrorCode | str) -> None:
+        error_code = code if isinstance(code, str) else _REFERENCE_ERROR_CODES[code]
+        self._request_error_total(self._label(model), self._label(target), error_code).inc()
 
     def request_finished(
         self,
@@ -281,17 +312,21 @@ class EppMetrics:
         input_tokens: int | None,
         output_tokens: int | None,
     ) -> None:
+        if not model:
+            return
+        model, target = self._label(model), self._label(target)
         self._running_requests(model).dec()
         self.request_duration.labels(model, target).observe(seconds)
         self.response_sizes.labels(model, target).observe(response_bytes)
-        if input_tokens is not None:
+        if input_tokens:  # as the reference: zero or unknown counts are not observed
             self.input_tokens.labels(model, target).observe(input_tokens)
-        if output_tokens is not None:
+        if output_tokens:
             self.output_tokens.labels(model, target).observe(output_tokens)
 
     def request_abandoned(self, model: str) -> None:
         """A routed request whose stream ended before its response did."""
-        self._running_requests(model).dec()
+        if model:
+            self._running_requests(self._label(model)).dec()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

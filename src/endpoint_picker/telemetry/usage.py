@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import orjson
 
 _MAX_JSON_BODY = 8 * 1024 * 1024  # past this a JSON body is not kept for usage
+_MAX_SSE_LINE = 1024 * 1024  # an event line longer than this is dropped unread
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,8 @@ class UsageReader:
         self._pending += chunk
         end = self._pending.rfind(b"\n")
         if end < 0:
+            if len(self._pending) > _MAX_SSE_LINE:  # not SSE as we know it: stop holding it
+                self._pending.clear()
             return
         complete = bytes(self._pending[: end + 1])
         del self._pending[: end + 1]
