@@ -151,18 +151,24 @@ class App:
         processor = ExternalProcessor(
             director, self.metrics, self._clock, server_settings.max_request_body_bytes
         )
-        ext_server, ext_port = build_ext_proc_server(
-            processor, self.health, _format_address(host, server_settings.grpc_port), tls
-        )
-        health_server, health_port = build_health_server(
-            self.health, _format_address(host, server_settings.grpc_health_port)
-        )
-        if not ext_port or not health_port:
-            raise ConfigError(f"cannot bind the gRPC ports on {host}")
+        ext_address = _format_address(host, server_settings.grpc_port)
+        health_address = _format_address(host, server_settings.grpc_health_port)
+        try:
+            ext_server, ext_port = build_ext_proc_server(processor, self.health, ext_address, tls)
+            health_server, health_port = build_health_server(self.health, health_address)
+        except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
+            raise ConfigError(f"cannot listen on {ext_address} / {health_address}: {exc}") from exc
+        # ext_proc first: on stop it is drained first, while health still says NOT_SERVING
         for server in (ext_server, health_server):
             await server.start()
             self._servers.append(server)
-        metrics_port = await self._start_metrics_server(host, server_settings.metrics_port)
+        try:
+            metrics_port = await self._start_metrics_server(host, server_settings.metrics_port)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {_format_address(host, server_settings.metrics_port)}: "
+                f"{exc.strerror}"
+            ) from exc
         self._spawn("pool-file-watch", self._source.watch())
         await self.health.set_ready(self.datastore.loaded)
         self.ports = BoundPorts(ext_port, health_port, metrics_port)
@@ -210,7 +216,10 @@ class App:
         grace = self.settings.server.drain_timeout if drain_timeout is None else drain_timeout
         await self.health.set_ready(False)
         log.info("draining", grace_seconds=grace)
-        await asyncio.gather(*(server.stop(grace) for server in self._servers))
+        # ext_proc refuses new streams and lets open ones finish; the health port keeps
+        # answering NOT_SERVING until then, so probes and Envoy see the drain, not a refusal.
+        for index, server in enumerate(self._servers):
+            await server.stop(grace if index == 0 else 0)
         self._servers.clear()
         for task in self._tasks:
             task.cancel()

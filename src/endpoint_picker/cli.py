@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -258,8 +259,19 @@ async def _serve(settings: Settings) -> None:
 
     app = App(settings)
     loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            app.request_stop()  # drain
+        else:  # a second Ctrl-C / SIGTERM: the operator wants out now
+            print("epp: second signal, exiting without draining", file=sys.stderr)
+            os._exit(1)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, app.request_stop)
+        loop.add_signal_handler(sig, on_signal)
     try:
         await app.start()
         await app.wait_stopped()

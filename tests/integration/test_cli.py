@@ -122,3 +122,41 @@ def test_bad_engine_metric_override_exit_2(tmp_path: Path, flag: str, message: s
     )  # fmt: skip
     assert result.returncode == 2
     assert message in result.stderr
+
+
+async def test_second_signal_exits_without_waiting_for_the_drain(tmp_path: Path) -> None:
+    """SIGTERM starts a 60 s drain around an open stream; a second SIGTERM ends it at once."""
+    import asyncio
+
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+    from tests.support.extproc import headers
+    from tests.support.model_servers import free_port
+
+    path = tmp_path / "pool.yaml"
+    path.write_text(pool_yaml(pool(), model("m"), pod("p", "127.0.0.2")))
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *EPP, "serve", "--pool-file", str(path), "--bind-address", "127.0.0.1",
+        "--grpc-port", str(port), "--grpc-health-port", "0", "--metrics-port", "0",
+        "--secure-serving", "false", "--drain-timeout", "60s",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        while b"endpoint picker serving" not in await proc.stderr.readline():
+            assert proc.returncode is None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(headers())  # an open stream: the drain waits for it
+            await asyncio.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            assert proc.returncode is None, "still draining"
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 1
+            call.cancel()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -67,7 +67,7 @@ async def _health(port: int, service: str) -> int:
 async def test_health_serving_when_loaded_not_serving_while_draining(
     tmp_path: Path, service: str
 ) -> None:
-    """Readiness names are SERVING once loaded and NOT_SERVING while draining; liveness stays."""
+    """Readiness names are SERVING once loaded, NOT_SERVING when unready; liveness stays."""
     app = App(make_settings(tmp_path, pool_yaml(pool(), pod("a", "127.0.0.2"))))
     await app.start()
     try:
@@ -113,16 +113,51 @@ async def test_tls_ext_proc_with_generated_certificate(tmp_path: Path) -> None:
         await app.stop(drain_timeout=0.2)
 
 
-async def test_drain_lets_an_open_stream_finish(tmp_path: Path) -> None:
-    """On stop, a stream already open completes within the drain timeout."""
+async def test_drain_finishes_open_streams_refuses_new_ones_and_reports_not_serving(
+    tmp_path: Path,
+) -> None:
+    """While draining: health says NOT_SERVING, new streams are refused, an open one finishes."""
     settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
     async with running_app(settings) as (app, client):
+        health_port = app.ports.health
         call = client.stub.Process()
         await call.write(headers())
-        stopping = asyncio.create_task(app.stop(drain_timeout=3.0))
-        await asyncio.sleep(0.1)
+        started = asyncio.get_running_loop().time()
+        stopping = asyncio.create_task(app.stop(drain_timeout=5.0))
+        await asyncio.sleep(0.2)
+        for service in ("", "readiness"):
+            assert await _health(health_port, service) == NOT_SERVING
+        assert await _health(health_port, "liveness") == SERVING
+        refused = await client.exchange_error([headers()])
+        assert refused == grpc.StatusCode.UNAVAILABLE
         await call.write(body(json_body({"model": "m", "prompt": "x"})))
         first = await call.read()
         await call.done_writing()
         assert lb_metadata(first) == "127.0.0.2:8000"
         await stopping
+        # it returned when the open stream ended, not at the end of the grace period
+        assert asyncio.get_running_loop().time() - started < 4.0
+
+
+async def test_port_in_use_is_a_config_error(tmp_path: Path) -> None:
+    """A port another process holds is a ConfigError (one line, exit 2 from the CLI)."""
+    from dataclasses import replace
+
+    from endpoint_picker.errors import ConfigError
+
+    settings = make_settings(tmp_path, pool_yaml(pool(), pod("a", "127.0.0.2")))
+    async with running_app(settings) as (app, _):
+        for field in ("grpc_port", "metrics_port"):
+            taken = replace(
+                settings,
+                server=replace(settings.server, **{field: getattr(app.ports, _PORTS[field])}),
+            )
+            second = App(taken)
+            try:
+                with pytest.raises(ConfigError, match="cannot listen on"):
+                    await second.start()
+            finally:
+                await second.stop(drain_timeout=0)
+
+
+_PORTS = {"grpc_port": "ext_proc", "metrics_port": "metrics"}

@@ -123,6 +123,18 @@ class Client:
         await call.done_writing()
         return [r async for r in call]
 
+    async def exchange_error(self, messages: Iterable[pb.ProcessingRequest]) -> grpc.StatusCode:
+        """The status of a stream expected to fail (AssertionError when it succeeds)."""
+        call = self.stub.Process()
+        try:
+            for message in messages:
+                await call.write(message)
+            await call.done_writing()
+            _ = [r async for r in call]
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        raise AssertionError("the stream succeeded")
+
 
 def make_settings(tmp_path: Path, pool_text: str, **pool_overrides: Any) -> Settings:
     pool_file = tmp_path / "pool.yaml"

@@ -84,7 +84,8 @@ class HealthState:
 
 def _server_options() -> list[tuple[str, int]]:
     return [
-        ("grpc.so_reuseport", 1),
+        # A port already in use must fail loudly, not be shared with another process.
+        ("grpc.so_reuseport", 0),
         # Request bodies arrive in chunks, but keep room for large single messages.
         ("grpc.max_receive_message_length", 64 * 1024 * 1024),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -112,6 +113,6 @@ def build_ext_proc_server(
 
 def build_health_server(health_state: HealthState, address: str) -> tuple[grpc.aio.Server, int]:
     """Plaintext health only: Kubernetes gRPC probes cannot speak TLS."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     return server, server.add_insecure_port(address)
