@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -179,3 +180,15 @@ def test_headers_only_request_routes() -> None:
     """A request without a body (GET /v1/models) routes to an endpoint."""
     director, _ = make_director(pool(), *PODS)
     assert director.route_headers_only("r", "/v1/models", None).endpoints
+
+
+def test_rewrite_keeps_every_other_value_exactly() -> None:
+    """A split rewrites only the model: huge integers, floats and unicode survive unchanged."""
+    director, _ = make_director(pool(), model("m", targets={"a": 1}), *PODS)
+    raw = (
+        b'{"model": "m", "prompt": "caf\\u00e9 \xc3\xa9", '
+        b'"seed": 123456789012345678901234567890, "temperature": 0.1}'
+    )
+    decision = director.route("r", "/v1/completions", raw, None)
+    assert b'"seed":123456789012345678901234567890' in decision.body
+    assert json.loads(decision.body) == {**json.loads(raw), "model": "a"}
