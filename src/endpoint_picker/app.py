@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import prometheus_client
 import structlog
 from aiohttp import web
 
@@ -61,6 +62,8 @@ class App:
         self._clock = clock
         self._rng = rng or random.Random()
         self.datastore = Datastore(settings.pool.pool_name)
+        # The reference EPP (Go client) exports no *_created series; dashboards expect none.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.metrics = EppMetrics(self._pool_stats)
         self.health = HealthState()
         self._tasks: list[asyncio.Task[None]] = []
