@@ -67,7 +67,12 @@ def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
         return None
     kind = value.WhichOneof("kind")
     if kind == "list_value":
-        return [v.string_value for v in value.list_value.values if v.string_value]
+        # a non-string entry stays in the list as an invalid one: "no eligible endpoint",
+        # not "empty hint"
+        return [
+            v.string_value if v.WhichOneof("kind") == "string_value" else "<not a string>"
+            for v in value.list_value.values
+        ]
     if kind == "string_value":  # tolerate "a,b" as a single string
         return [s for s in (p.strip() for p in value.string_value.split(",")) if s]
     return []
