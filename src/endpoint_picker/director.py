@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
+import orjson
 import structlog
 
 from endpoint_picker.datastore import InferenceModel, InferencePool
@@ -60,12 +62,31 @@ class RoutingDecision:
         return ",".join(self.endpoints)
 
 
-def _rewrite_model(raw: bytes, target_model: str) -> bytes:
-    """The body with ``model`` replaced and every other value kept exactly.
+_MODEL_KEY = re.compile(rb'"model"\s*:\s*')
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
-    The standard library's parser, not orjson's: orjson turns integers past 64 bits into floats
-    (a ``seed`` of 30 digits would change). Only split requests pay for this second parse.
+
+def _rewrite_model(raw: bytes, parsed: dict[str, Any], target_model: str) -> bytes:
+    """The body with only the top-level ``model`` value replaced, every other byte kept.
+
+    The value is spliced into the raw bytes and the result checked by parsing it once: a
+    ``"model"`` key nested deeper (a tool schema, say) fails the check and the next is tried.
+    Re-serialising instead would reformat the body, and orjson would turn integers past
+    64 bits into floats; the standard library is the fallback for bodies the splice cannot
+    handle.
     """
+    expected = {**parsed, "model": target_model}
+    value = orjson.dumps(target_model)
+    for key in _MODEL_KEY.finditer(raw):
+        string = _JSON_STRING.match(raw, key.end())
+        if string is None:
+            continue
+        candidate = raw[: string.start()] + value + raw[string.end() :]
+        try:
+            if orjson.loads(candidate) == expected:
+                return candidate
+        except orjson.JSONDecodeError:
+            continue
     body = json.loads(raw)
     body["model"] = target_model
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
@@ -183,7 +204,7 @@ class Director:
             raise ServiceUnavailableError("no endpoint passed the scheduler's filters")
         body = request.raw_body
         if request.target_model != request.model:
-            body = _rewrite_model(request.raw_body, request.target_model)
+            body = _rewrite_model(request.raw_body, request.body, request.target_model)
         return RoutingDecision(
             request=request,
             endpoints=tuple(s.hostport for s in result.endpoints),

@@ -190,5 +190,21 @@ def test_rewrite_keeps_every_other_value_exactly() -> None:
         b'"seed": 123456789012345678901234567890, "temperature": 0.1}'
     )
     decision = director.route("r", "/v1/completions", raw, None)
-    assert b'"seed":123456789012345678901234567890' in decision.body
+    assert b'"seed": 123456789012345678901234567890' in decision.body
     assert json.loads(decision.body) == {**json.loads(raw), "model": "a"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"tools": [{"model": "m"}], "model" : "m", "prompt": "x"}',  # a nested key first
+        b'{"prompt": "say \\"model\\": \\"m\\"", "model":"m"}',  # the key inside a string
+        b'{\n  "model": "m",\n  "prompt": "x",\n  "n": 1.50\n}',  # formatting kept
+    ],
+)
+def test_rewrite_touches_only_the_top_level_model(raw: bytes) -> None:
+    """Only the top-level model value changes; every other byte of the body stays."""
+    director, _ = make_director(pool(), model("m", targets={"a": 1}), *PODS)
+    decision = director.route("r", "/v1/completions", raw, None)
+    assert json.loads(decision.body) == {**json.loads(raw), "model": "a"}
+    assert len(decision.body) == len(raw) - len('"m"') + len('"a"')
