@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -357,6 +358,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=25)
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--modes", default="direct,noop,epp")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the modes N times")
     parser.add_argument("--backend-port", type=int, default=18000)
     parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
     args = parser.parse_args()
@@ -373,19 +375,28 @@ def main() -> None:
             tmp / "backend.log",
         ):  # fmt: skip
             wait_ready(backend_admin)
-            results = {}
-            for mode in args.modes.split(","):
-                results[mode] = measure(mode, args, tmp)
-                rps, p50, errors, cpu_us = results[mode]
-                print(
-                    f"{mode:7s} {rps:8.0f} req/s   p50 {p50:6.2f} ms   non-2xx {errors}"
-                    f"   ext_proc CPU {cpu_us:5.0f} us/request",
-                    flush=True,
-                )
+            # Rounds alternate the modes: this host's speed drifts by tens of percent over
+            # minutes, so modes are compared round by round and summarised by the median.
+            rounds: dict[str, list[tuple[float, float, int, float]]] = {}
+            for number in range(1, args.rounds + 1):
+                for mode in args.modes.split(","):
+                    rps, p50, errors, cpu_us = measure(mode, args, tmp)
+                    rounds.setdefault(mode, []).append((rps, p50, errors, cpu_us))
+                    print(
+                        f"round {number} {mode:7s} {rps:8.0f} req/s   p50 {p50:6.2f} ms   "
+                        f"non-2xx {errors}   ext_proc CPU {cpu_us:5.0f} us/request",
+                        flush=True,
+                    )
+        results = {m: rounds[m] for m in rounds}
         if "noop" in results and "epp" in results:
-            print(f"epp / noop throughput: {results['epp'][0] / results['noop'][0]:.0%}")
+            ratios = [e[0] / n[0] for n, e in zip(results["noop"], results["epp"], strict=True)]
+            print(
+                f"epp / noop throughput per round: {', '.join(f'{r:.0%}' for r in ratios)}; "
+                f"median {statistics.median(ratios):.0%}"
+            )
         if "direct" in results and "epp" in results:
-            print(f"epp p50 over direct: {results['epp'][1] - results['direct'][1]:+.2f} ms")
+            extra = [e[1] - d[1] for d, e in zip(results["direct"], results["epp"], strict=True)]
+            print(f"epp p50 over direct, median of rounds: {statistics.median(extra):+.2f} ms")
 
 
 if __name__ == "__main__":
