@@ -7,6 +7,7 @@ Background loops are named tasks owned by the app, cancelled and awaited on stop
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Callable, Coroutine
@@ -28,6 +29,7 @@ from endpoint_picker.extproc.server import (
     build_ext_proc_server,
     build_health_server,
 )
+from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.extproc.tls import load_certificate, self_signed_certificate
 from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.scheduling import build_scheduling, load_config
@@ -152,7 +154,13 @@ class App:
             )
         host = server_settings.bind_address
         processor = ExternalProcessor(
-            director, self.metrics, self._clock, server_settings.max_request_body_bytes
+            functools.partial(
+                RequestStream,
+                director,
+                self.metrics,
+                self._clock,
+                server_settings.max_request_body_bytes,
+            )
         )
         ext_address = _format_address(host, server_settings.grpc_port)
         health_address = _format_address(host, server_settings.grpc_health_port)

@@ -88,20 +88,20 @@ def streamed_chunks(body: bytes, end_of_stream: bool) -> Iterator[tuple[bytes, b
         yield bytes(view[start : start + size]), end_of_stream and start == last
 
 
-def streamed_request_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+def _streamed_body(phase: str, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
     response = pb.ProcessingResponse()
-    streamed = response.request_body.response.body_mutation.streamed_response
+    streamed = getattr(response, phase).response.body_mutation.streamed_response
     streamed.body = chunk
     streamed.end_of_stream = end_of_stream
     return response
+
+
+def streamed_request_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    return _streamed_body("request_body", chunk, end_of_stream)
 
 
 def streamed_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    response = pb.ProcessingResponse()
-    streamed = response.response_body.response.body_mutation.streamed_response
-    streamed.body = chunk
-    streamed.end_of_stream = end_of_stream
-    return response
+    return _streamed_body("response_body", chunk, end_of_stream)
 
 
 CONTINUE_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())

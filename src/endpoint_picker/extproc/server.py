@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -11,10 +10,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from endpoint_picker.director import Director
 from endpoint_picker.extproc import wire
 from endpoint_picker.extproc.stream import RequestStream
-from endpoint_picker.telemetry.metrics import EppMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -24,24 +21,15 @@ _READINESS_SERVICES = ("", "readiness", wire.EXT_PROC_SERVICE)
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Envoy's ext_proc service: one ``RequestStream`` per ``Process`` stream."""
 
-    def __init__(
-        self,
-        director: Director,
-        metrics: EppMetrics | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        max_body_bytes: int = 32 * 1024 * 1024,
-    ) -> None:
-        self._director = director
-        self._metrics = metrics
-        self._clock = clock
-        self._max_body_bytes = max_body_bytes
+    def __init__(self, new_stream: Callable[[], RequestStream]) -> None:
+        self._new_stream = new_stream  # the composition root binds the stream's dependencies
 
     async def Process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self._director, self._metrics, self._clock, self._max_body_bytes)
+        stream = self._new_stream()
         try:
             async for message in request_iterator:
                 for response in stream.handle(message):
