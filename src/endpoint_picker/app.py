@@ -23,6 +23,7 @@ from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import PoolFileSource
 from endpoint_picker.director import Director
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.extproc.limits import BodyBudget, StreamSlots
 from endpoint_picker.extproc.server import (
     ExternalProcessor,
     HealthState,
@@ -30,7 +31,7 @@ from endpoint_picker.extproc.server import (
     build_health_server,
 )
 from endpoint_picker.extproc.stream import RequestStream
-from endpoint_picker.extproc.tls import load_certificate, self_signed_certificate
+from endpoint_picker.extproc.tls import load_certificate, load_client_ca, self_signed_certificate
 from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.scheduling import build_scheduling, load_config
 from endpoint_picker.settings import Settings
@@ -66,7 +67,7 @@ class App:
         self.datastore = Datastore(settings.pool.pool_name)
         # The reference EPP (Go client) exports no *_created series; dashboards expect none.
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.metrics = EppMetrics(self._pool_stats)
+        self.metrics = EppMetrics(self._pool_stats, self.datastore.is_configured_model)
         self.health = HealthState()
         self._tasks: list[asyncio.Task[None]] = []
         self._servers: list[grpc.aio.Server] = []
@@ -76,13 +77,18 @@ class App:
         if settings.pool.pool_file is None:
             raise ConfigError("--pool-file is required (the Kubernetes source is not built yet)")
         self._source = PoolFileSource(
-            settings.pool.pool_file, self.datastore.apply, settings.pool.reload_poll_interval
+            settings.pool.pool_file,
+            self.datastore,
+            observer=self.metrics,
+            poll_interval=settings.pool.reload_poll_interval,
+            settle_time=settings.pool.reload_settle_time,
         )
         self._scraper = ScrapeManager(
             settings.scrape,
             self.datastore.update_metrics,
             clock=clock,
             cpu_budget=settings.scrape.cpu_budget,
+            on_unreachable=self.datastore.mark_unreachable,
         )
 
     def _pool_stats(self) -> PoolStats | None:
@@ -120,6 +126,7 @@ class App:
             components.scheduler,
             components.saturation_detector,
             allow_unknown_models=self.settings.pool.allow_unknown_models,
+            extra_paths=self.settings.server.extra_inference_paths,
             rng=self._rng,
         )
 
@@ -138,13 +145,7 @@ class App:
     async def start(self) -> BoundPorts:
         """Load the pool and start serving; ``ConfigError`` when an input is invalid."""
         server_settings = self.settings.server
-        director = self._build_director()
-        self.datastore.on_endpoints_changed(self._scraper.set_endpoints)
-        self._source.load_initial()
-        await self.health.start()
-        await self._scraper.start()
-        self._scraper.set_endpoints(self.datastore.endpoints)
-
+        # TLS material first: a bad file fails the start before anything runs or logs
         tls = None
         if server_settings.secure_serving:
             tls = (
@@ -152,7 +153,23 @@ class App:
                 if server_settings.cert_path
                 else self_signed_certificate()
             )
+        client_ca = None
+        if server_settings.client_ca_file is not None:
+            if tls is None:  # never fall back to plaintext when mTLS was asked for
+                raise ConfigError("--client-ca-file needs --secure-serving true")
+            client_ca = load_client_ca(server_settings.client_ca_file)
+        director = self._build_director()
+        self.datastore.on_endpoints_changed(self._scraper.set_endpoints)
+        self._source.load_initial()
+        await self.health.start()
+        await self._scraper.start()
+        self._scraper.set_endpoints(self.datastore.endpoints)
+
         host = server_settings.bind_address
+        # one budget and one stream count for the whole process, shared by every stream
+        budget = BodyBudget(server_settings.max_buffered_bytes)
+        slots = StreamSlots(server_settings.max_concurrent_streams)
+        self.metrics.track_limits(lambda: budget.reserved, lambda: slots.open)
         processor = ExternalProcessor(
             functools.partial(
                 RequestStream,
@@ -160,12 +177,19 @@ class App:
                 self.metrics,
                 self._clock,
                 server_settings.max_request_body_bytes,
-            )
+                budget=budget,
+                max_headers=server_settings.max_request_headers,
+                max_header_bytes=server_settings.max_request_header_bytes,
+            ),
+            slots,
+            self.metrics,
         )
         ext_address = _format_address(host, server_settings.grpc_port)
         health_address = _format_address(host, server_settings.grpc_health_port)
         try:
-            ext_server, ext_port = build_ext_proc_server(processor, self.health, ext_address, tls)
+            ext_server, ext_port = build_ext_proc_server(
+                processor, self.health, ext_address, tls, client_ca
+            )
             health_server, health_port = build_health_server(self.health, health_address)
         except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
             raise ConfigError(f"cannot listen on {ext_address} / {health_address}: {exc}") from exc
@@ -191,6 +215,7 @@ class App:
             health_port=health_port,
             metrics_port=metrics_port,
             tls=tls is not None,
+            client_auth=client_ca is not None,
         )
         return self.ports
 
@@ -203,7 +228,11 @@ class App:
 
         async def health_handler(_: web.Request) -> web.Response:
             ok = self.health.ready
-            return web.Response(status=200 if ok else 503, text="ok" if ok else "not ready")
+            text = "ok" if ok else "not ready"
+            if ok and not self._source.healthy:
+                # Still ready: the last good pool serves; a bad edit must not take the EPP out.
+                text = "ok (pool file change refused; serving the last good pool)"
+            return web.Response(status=200 if ok else 503, text=text)
 
         web_app = web.Application()
         web_app.router.add_get("/metrics", metrics_handler)

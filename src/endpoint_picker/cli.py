@@ -81,6 +81,13 @@ def _add_pool_flags(p: argparse.ArgumentParser) -> None:
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     d = Settings()
     _add_pool_flags(p)
+    p.add_argument(
+        "--pool-file-settle-time",
+        type=DURATION,
+        default=d.pool.reload_settle_time,
+        metavar="DURATION",
+        help="a changed pool file is applied once it has stayed unchanged this long",
+    )
     p.add_argument("--config-file", type=Path, help="an EndpointPickerConfig YAML file")
     p.add_argument("--bind-address", default=d.server.bind_address, help="listen address")
     p.add_argument("--grpc-port", type=PORT, default=d.server.grpc_port, help="ext_proc port")
@@ -98,6 +105,12 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="TLS on the ext_proc port (self-signed unless --cert-path)",
     )
     p.add_argument("--cert-path", type=Path, metavar="DIR", help="folder with tls.crt, tls.key")
+    p.add_argument(
+        "--client-ca-file",
+        type=Path,
+        metavar="PATH",
+        help="mutual TLS: PEM CA bundle; ext_proc clients must present a certificate it signed",
+    )
     p.add_argument(
         "--allow-unknown-models",
         type=BOOL,
@@ -121,6 +134,46 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=d.server.max_request_body_bytes,
         metavar="BYTES",
         help="larger request bodies are refused with 413",
+    )
+    p.add_argument(
+        "--max-buffered-bytes",
+        type=COUNT,
+        default=d.server.max_buffered_bytes,
+        metavar="BYTES",
+        help="request bodies held at once, all streams together; past it 429 (0: no limit)",
+    )
+    p.add_argument(
+        "--max-concurrent-streams",
+        type=COUNT,
+        default=d.server.max_concurrent_streams,
+        metavar="N",
+        help="open ext_proc streams (one per request); past it 429 (0: no limit)",
+    )
+    p.add_argument(
+        "--max-request-headers",
+        type=COUNT,
+        default=d.server.max_request_headers,
+        metavar="N",
+        help="request headers allowed, the EPP's own included (431 past it); keep it below "
+        "Envoy's max_headers_count",
+    )
+    p.add_argument(
+        "--max-request-headers-kb",
+        type=COUNT,
+        default=d.server.max_request_header_bytes // 1024,
+        metavar="KIB",
+        help="request header bytes allowed, the EPP's own included (431 past it); keep it "
+        "below Envoy's max_request_headers_kb",
+    )
+    p.add_argument(
+        "--extra-inference-path",
+        type=_typed(_inference_path, "path"),
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also route this path (e.g. /v1/rerank) like an inference API; repeatable. Every "
+        "path other than /v1/completions, /v1/chat/completions, /v1/embeddings and /v1/models "
+        "is answered 404",
     )
     p.add_argument(
         "--refresh-metrics-interval",
@@ -194,6 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _inference_path(text: str) -> str:
+    """An absolute path without query, e.g. ``/v1/rerank``."""
+    path = text.strip()
+    if not path.startswith("/") or "?" in path or any(c.isspace() for c in path):
+        raise ConfigError(f"invalid path {text!r} (use an absolute path such as /v1/rerank)")
+    return path
+
+
 def _engine_metric(text: str) -> tuple[str, str, str]:
     """``ENGINE.FIELD=SPEC`` (e.g. ``sglang.queue=sglang:num_queue_reqs``)."""
     key, sep, spec = text.partition("=")
@@ -224,6 +285,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise ConfigError("--pool-file is required (the Kubernetes source is not built yet)")
     if args.cert_path is not None and not args.secure_serving:
         raise ConfigError("--cert-path needs --secure-serving true")
+    if args.client_ca_file is not None and not args.secure_serving:
+        raise ConfigError("--client-ca-file needs --secure-serving true")
+    if 0 < args.max_buffered_bytes < args.max_request_body_size:
+        # one body at the per-body limit could never fit: it would get 429 forever
+        raise ConfigError("--max-buffered-bytes must be 0 or at least --max-request-body-size")
     return Settings(
         server=ServerSettings(
             bind_address=args.bind_address,
@@ -232,13 +298,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             metrics_port=args.metrics_port,
             secure_serving=args.secure_serving,
             cert_path=args.cert_path,
+            client_ca_file=args.client_ca_file,
             drain_timeout=args.drain_timeout,
             max_request_body_bytes=args.max_request_body_size,
+            max_buffered_bytes=args.max_buffered_bytes,
+            max_concurrent_streams=args.max_concurrent_streams,
+            extra_inference_paths=tuple(args.extra_inference_path),
+            max_request_headers=args.max_request_headers,
+            max_request_header_bytes=args.max_request_headers_kb * 1024,
         ),
         pool=PoolSettings(
             pool_file=args.pool_file,
             pool_name=args.pool_name,
             allow_unknown_models=args.allow_unknown_models,
+            reload_settle_time=args.pool_file_settle_time,
         ),
         scheduling=SchedulingSettings(
             config_file=args.config_file, max_fallback_endpoints=args.max_fallback_endpoints

@@ -1,8 +1,10 @@
 """The director: from a parsed request to the endpoints that should serve it.
 
-The steps, in order (the first failing one decides the status): parse (400), model lookup
-(404), traffic split (503 when every weight is zero), candidates after the subset hint (503),
-load shedding of sheddable requests (429), scheduling (503 when nothing is left).
+The steps, in order (the first failing one decides the status): the path (404 unless it is
+an inference API, see ``requests.INFERENCE_PATHS``; checked on the headers, before any body is
+buffered), parse (400), model lookup (404), traffic split (503 when every weight is zero),
+candidates after the subset hint and without endpoints known to be unreachable (503), load
+shedding of sheddable requests (429), scheduling (503 when nothing is left).
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import orjson
 import structlog
@@ -21,11 +23,19 @@ from endpoint_picker.datastore import InferenceModel, InferencePool
 from endpoint_picker.errors import (
     BadRequestError,
     ModelNotFoundError,
+    PathNotFoundError,
     RequestError,
     ServiceUnavailableError,
     TooManyRequestsError,
+    clip,
 )
-from endpoint_picker.requests import Api, LLMRequest, api_for_path, parse_request
+from endpoint_picker.requests import (
+    Api,
+    LLMRequest,
+    api_for_path,
+    normalize_path,
+    parse_request,
+)
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult
 from endpoint_picker.types import Criticality, EndpointState, parse_hostport
 
@@ -40,7 +50,11 @@ class PoolReader(Protocol):
 
     def model(self, model_name: str) -> InferenceModel | None: ...
 
+    def model_names(self) -> tuple[str, ...]: ...
+
     def endpoint_states(self) -> tuple[EndpointState, ...]: ...
+
+    def mark_unreachable(self, hostport: str, reason: str) -> None: ...
 
 
 class RequestScheduler(Protocol):
@@ -66,16 +80,19 @@ _MODEL_KEY = re.compile(rb'"model"\s*:\s*')
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
-def _rewrite_model(raw: bytes, parsed: dict[str, Any], target_model: str) -> bytes:
+def _rewrite_model(raw: bytes, target_model: str) -> bytes:
     """The body with only the top-level ``model`` value replaced, every other byte kept.
 
-    The value is spliced into the raw bytes and the result checked by parsing it once: a
-    ``"model"`` key nested deeper (a tool schema, say) fails the check and the next is tried.
-    Re-serialising instead would reformat the body, and orjson would turn integers past
-    64 bits into floats; the standard library is the fallback for bodies the splice cannot
-    handle.
+    The value is spliced into the raw bytes. In a valid JSON body a ``"model"`` key match is
+    always a whole key token followed by a whole string value (a quote inside a string is
+    escaped), so a splice changes exactly one value; parsing the result once tells whether it
+    was the top-level one (a nested ``"model"``, in a tool schema say, leaves the top-level
+    value as it was). Only the top-level value is compared, never the whole document, so a
+    body nested as deeply as the parser accepts cannot exhaust the recursion limit.
+    Re-serialising instead would reformat the body, and orjson would turn integers past 64 bits
+    into floats; the standard library is the fallback for bodies the splice cannot handle
+    (``"model"`` spelled with escapes), and a body too deep for it is a 400.
     """
-    expected = {**parsed, "model": target_model}
     value = orjson.dumps(target_model)
     for key in _MODEL_KEY.finditer(raw):
         string = _JSON_STRING.match(raw, key.end())
@@ -83,13 +100,16 @@ def _rewrite_model(raw: bytes, parsed: dict[str, Any], target_model: str) -> byt
             continue
         candidate = raw[: string.start()] + value + raw[string.end() :]
         try:
-            if orjson.loads(candidate) == expected:
+            if orjson.loads(candidate).get("model") == target_model:
                 return candidate
         except orjson.JSONDecodeError:
             continue
-    body = json.loads(raw)
-    body["model"] = target_model
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        body = json.loads(raw)
+        body["model"] = target_model
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    except RecursionError as exc:
+        raise BadRequestError("request body is nested too deeply to rewrite its model") from exc
 
 
 class Director:
@@ -100,13 +120,37 @@ class Director:
         saturation: SaturationDetector,
         *,
         allow_unknown_models: bool | None = None,
+        extra_paths: Iterable[str] = (),
         rng: random.Random | None = None,
     ) -> None:
         self._pool = pool
+        self._extra_paths = frozenset(normalize_path(p) for p in extra_paths)
         self._scheduler = scheduler
         self._saturation = saturation
         self._allow_unknown = allow_unknown_models
         self._rng = rng or random.Random()
+
+    def resolve_api(self, path: str) -> Api:
+        """The API of ``path``; ``PathNotFoundError`` (404) for anything else."""
+        api = api_for_path(path, self._extra_paths)
+        if api is None:
+            raise PathNotFoundError(
+                f"{clip(normalize_path(path))} is not an inference API served by this gateway"
+            )
+        return api
+
+    def list_models(self) -> list[str] | None:
+        """The models clients may ask for (``GET /v1/models``), or None to ask a model server.
+
+        The pool's InferenceModels are the public names (their split targets are internal);
+        a pool without any (a v1 pool passing every model through) lets a server answer.
+        """
+        names = self._pool.model_names()
+        return sorted(names) if names else None
+
+    def upstream_unreachable(self, hostport: str, reason: str) -> None:
+        """Envoy could not connect to an endpoint the EPP picked: stop picking it for now."""
+        self._pool.mark_unreachable(hostport, reason)
 
     def route(
         self, request_id: str, path: str, raw_body: bytes, subset: Sequence[str] | None
@@ -114,7 +158,7 @@ class Director:
         """Route a request with a body; raises a ``RequestError`` subclass."""
         request: LLMRequest | None = None
         try:
-            request = parse_request(request_id, path, raw_body)
+            request = parse_request(request_id, self.resolve_api(path), raw_body)
             request = self._resolve_model(request)
             return self._schedule(request, subset)
         except RequestError as exc:
@@ -125,11 +169,12 @@ class Director:
     def route_headers_only(
         self, request_id: str, path: str, subset: Sequence[str] | None
     ) -> RoutingDecision:
-        """Route a request without a body (e.g. ``GET /v1/models``) to any eligible endpoint."""
-        api = api_for_path(path)
-        if api is not Api.OTHER:
-            raise BadRequestError(f"{path.partition('?')[0]} needs a JSON request body")
-        request = LLMRequest(request_id=request_id, api=Api.OTHER, model="", raw_body=b"", body={})
+        """Route a request without a body (an extra path, or ``GET /v1/models`` when no
+        InferenceModel lists the models) to any eligible endpoint."""
+        api = self.resolve_api(path)
+        if api not in (Api.OTHER, Api.MODELS):
+            raise BadRequestError(f"{clip(normalize_path(path))} needs a JSON request body")
+        request = LLMRequest(request_id=request_id, api=api, model="", raw_body=b"", body={})
         return self._schedule(request, subset)
 
     def _resolve_model(self, request: LLMRequest) -> LLMRequest:
@@ -143,7 +188,7 @@ class Director:
             )
             if not allow:
                 raise ModelNotFoundError(
-                    f"model {request.model!r} is not served by InferencePool {pool.name!r}"
+                    f"model {clip(request.model)!r} is not served by InferencePool {pool.name!r}"
                 )
             # v1 pools have no InferenceModel API: everything is Standard there.
             crit = Criticality.STANDARD if pool.passes_unknown_models else Criticality.SHEDDABLE
@@ -173,7 +218,7 @@ class Director:
             try:
                 host, port = parse_hostport(entry)
             except ValueError:
-                log.warning("ignoring malformed subset hint entry", entry=entry[:100])
+                log.warning("ignoring malformed subset hint entry", entry=clip(entry))
                 continue
             if port is None:
                 wanted_hosts.add(host)
@@ -197,14 +242,14 @@ class Director:
             candidates
         ):
             raise TooManyRequestsError(
-                f"the pool is saturated; sheddable request for {request.model!r} dropped"
+                f"the pool is saturated; sheddable request for {clip(request.model)!r} dropped"
             )
         result = self._scheduler.schedule(request, candidates)
         if not result.endpoints:
             raise ServiceUnavailableError("no endpoint passed the scheduler's filters")
         body = request.raw_body
         if request.target_model != request.model:
-            body = _rewrite_model(request.raw_body, request.body, request.target_model)
+            body = _rewrite_model(request.raw_body, request.target_model)
         return RoutingDecision(
             request=request,
             endpoints=tuple(s.hostport for s in result.endpoints),

@@ -34,6 +34,13 @@ DEFAULT_MESSAGE_TIMEOUT = 10.0
 DEFAULT_STREAM_IDLE_TIMEOUT = 600.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_NUM_RETRIES = 2
+# Above the EPP's --max-request-headers (100, Envoy's own default): the EPP answers 431 before
+# its header mutation could push a request past Envoy's limit (see docs/envoy.md).
+DEFAULT_MAX_HEADERS_COUNT = 120
+# Routed to the pool besides /v1/completions (whose route the others reuse); the EPP answers
+# /v1/models itself. Everything else is a 404 at Envoy: a model server's admin API stays shut.
+DEFAULT_INFERENCE_PATHS = ("/v1/chat/completions", "/v1/embeddings", "/v1/models")
+_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@/-]*")
 
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
@@ -97,28 +104,71 @@ def _endpoints_block(endpoints: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _routes_block(extra_paths: Sequence[str]) -> str:
+    """Exact-path routes that reuse the first route's action (YAML alias)."""
+    paths = list(dict.fromkeys([*DEFAULT_INFERENCE_PATHS, *extra_paths]))
+    lines = []
+    for path in paths:
+        if not _PATH.fullmatch(path) or "/../" in path or path.endswith("/.."):
+            raise EnvoyConfigError(f"inference path must be an absolute URL path: {path!r}")
+        if path == "/v1/completions":
+            continue
+        lines += [f"- match: {{ path: {quote(path)} }}", "  route: *inference_route"]
+    return "\n".join(lines)
+
+
 def quote(value: str) -> str:
     """A YAML double-quoted scalar (for IPv6 addresses and the like)."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _transport_socket(tls: bool, sni: str) -> str:
+def _file(path: str, name: str) -> str:
+    """A file path as Envoy will open it (not read here: it is a path in Envoy's filesystem)."""
+    if not path.strip() or any(not c.isprintable() for c in path):
+        raise EnvoyConfigError(f"{name} is not a usable file path: {path!r}")
+    return f"{{ filename: {quote(path)} }}"
+
+
+def _transport_socket(
+    tls: bool,
+    sni: str,
+    client_cert: str | None = None,
+    client_key: str | None = None,
+    ca: str | None = None,
+) -> str:
+    if (client_cert is None) != (client_key is None):
+        raise EnvoyConfigError("--epp-client-cert and --epp-client-key go together")
     if not tls:
+        if client_cert is not None or ca is not None:
+            raise EnvoyConfigError("--epp-client-cert, --epp-client-key, --epp-ca need --epp-tls")
         return "# Plaintext to the EPP (rendered with --no-epp-tls)."
-    # The EPP's certificate is self-signed unless --cert-path gives it one: encrypt, but do
-    # not verify (add a validation_context with the CA to verify).
-    return "\n".join(
-        [
-            "transport_socket:",
-            "  name: envoy.transport_sockets.tls",
-            "  typed_config:",
-            '    "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3'
-            ".UpstreamTlsContext",
-            f"    sni: {quote(sni)}",
-            "    common_tls_context:",
-            "      alpn_protocols: [h2]",
+    lines = [
+        "transport_socket:",
+        "  name: envoy.transport_sockets.tls",
+        "  typed_config:",
+        '    "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3'
+        ".UpstreamTlsContext",
+        f"    sni: {quote(sni)}",
+        "    common_tls_context:",
+        "      alpn_protocols: [h2]",
+    ]
+    if client_cert is not None and client_key is not None:
+        # mutual TLS: the certificate the EPP's --client-ca-file must have signed
+        lines += [
+            "      tls_certificates:",
+            f"      - certificate_chain: {_file(client_cert, 'epp_client_cert')}",
+            f"        private_key: {_file(client_key, 'epp_client_key')}",
         ]
-    )
+    # Without a CA the EPP's certificate (self-signed unless --cert-path gives it one) is not
+    # verified: encrypted, not authenticated. With one, the chain and the SNI name are checked.
+    if ca is not None:
+        lines += [
+            "      validation_context:",
+            f"        trusted_ca: {_file(ca, 'epp_ca')}",
+            "        match_typed_subject_alt_names:",
+            f"        - {{ san_type: DNS, matcher: {{ exact: {quote(sni)} }} }}",
+        ]
+    return "\n".join(lines)
 
 
 def substitute(template: str, values: dict[str, str]) -> str:
@@ -159,6 +209,9 @@ def render(
     epp_port: int = 9002,
     epp_tls: bool = True,
     epp_sni: str = "localhost",
+    epp_client_cert: str | None = None,
+    epp_client_key: str | None = None,
+    epp_ca: str | None = None,
     endpoints: Sequence[str] = (),
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     failure_mode_allow: bool = False,
@@ -166,6 +219,8 @@ def render(
     stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
     upstream_connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     num_retries: int = DEFAULT_NUM_RETRIES,
+    inference_paths: Sequence[str] = (),
+    max_headers_count: int = DEFAULT_MAX_HEADERS_COUNT,
     template_dir: Path | None = None,
 ) -> str:
     """The Envoy bootstrap YAML of ``variant``; ``EnvoyConfigError`` on a bad input.
@@ -173,6 +228,11 @@ def render(
     ``endpoints`` (``ip:port``) are the pool's endpoints; only ``fallback`` needs them (its
     cluster lists them statically). ``failure_mode_allow=False`` is FailClose: with the EPP
     unreachable Envoy answers 5xx instead of forwarding an unrouted request.
+    ``epp_client_cert``/``epp_client_key`` (paths Envoy reads) give Envoy a client certificate
+    for an EPP run with ``--client-ca-file``; ``epp_ca`` makes Envoy verify the EPP's
+    certificate against that CA and ``epp_sni``.
+    ``inference_paths`` are routed besides the OpenAI inference APIs (give the EPP the same
+    paths with ``--extra-inference-path``); every other path is a 404 at Envoy.
     """
     template = load_template(variant, template_dir)
     if max_request_bytes < 1:
@@ -181,6 +241,8 @@ def render(
         raise EnvoyConfigError(f"num_retries must not be negative: {num_retries}")
     if message_timeout <= 0:
         raise EnvoyConfigError(f"message_timeout must be positive: {message_timeout}")
+    if max_headers_count < 10:
+        raise EnvoyConfigError(f"max_headers_count must be at least 10: {max_headers_count}")
     values = {
         "listen_address": quote(_address(listen_address, "listen_address")),
         "listen_port": _port(listen_port, "listen_port"),
@@ -189,13 +251,17 @@ def render(
         "epp_address": quote(_address(epp_address, "epp_address")),
         "epp_port": _port(epp_port, "epp_port"),
         "epp_cluster_type": "STATIC" if _is_ip(epp_address) else "STRICT_DNS",
-        "epp_transport_socket": _transport_socket(epp_tls, _address(epp_sni, "epp_sni")),
+        "epp_transport_socket": _transport_socket(
+            epp_tls, _address(epp_sni, "epp_sni"), epp_client_cert, epp_client_key, epp_ca
+        ),
         "max_request_bytes": str(max_request_bytes),
         "failure_mode_allow": "true" if failure_mode_allow else "false",
         "message_timeout": _duration(message_timeout, "message_timeout"),
         "stream_idle_timeout": _duration(stream_idle_timeout, "stream_idle_timeout"),
         "upstream_connect_timeout": _duration(upstream_connect_timeout, "connect_timeout"),
         "num_retries": str(num_retries),
+        "inference_routes": _routes_block(inference_paths),
+        "max_headers_count": str(max_headers_count),
         "pool_endpoints": _endpoints_block(endpoints) if variant == "fallback" else "",
     }
     return substitute(template, values)
@@ -227,6 +293,9 @@ def build_parser(prog: str = "epp envoy-config") -> argparse.ArgumentParser:
     add("--epp-port", type=int, default=9002, help="the ext_proc port; default: %(default)s")
     add("--epp-tls", type=_bool, default=True, help="TLS to the EPP; default: %(default)s")
     add("--epp-sni", default="localhost", help="default: %(default)s")
+    add("--epp-client-cert", metavar="FILE", help="mTLS: Envoy's client certificate (PEM)")
+    add("--epp-client-key", metavar="FILE", help="mTLS: its private key (PEM)")
+    add("--epp-ca", metavar="FILE", help="verify the EPP's certificate against this CA (PEM)")
     add(
         "--endpoint",
         action="append",
@@ -251,6 +320,20 @@ def build_parser(prog: str = "epp envoy-config") -> argparse.ArgumentParser:
         default=DEFAULT_NUM_RETRIES,
         help="fallback variant: attempts after the first",
     )
+    add(
+        "--inference-path",
+        action="append",
+        default=[],
+        dest="inference_paths",
+        metavar="PATH",
+        help="also route this path to the pool (repeat; give the EPP --extra-inference-path too)",
+    )
+    add(
+        "--max-headers-count",
+        type=int,
+        default=DEFAULT_MAX_HEADERS_COUNT,
+        help="request headers Envoy accepts (431 past it); default: %(default)s",
+    )
     add("--template-dir", type=Path, help=f"default: {DEFAULT_TEMPLATE_DIR}")
     return parser
 
@@ -269,6 +352,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "epp envoy-config") -> i
             epp_port=args.epp_port,
             epp_tls=args.epp_tls,
             epp_sni=args.epp_sni,
+            epp_client_cert=args.epp_client_cert,
+            epp_client_key=args.epp_client_key,
+            epp_ca=args.epp_ca,
             endpoints=args.endpoints,
             max_request_bytes=args.max_request_bytes,
             failure_mode_allow=args.failure_mode_allow,
@@ -276,6 +362,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "epp envoy-config") -> i
             stream_idle_timeout=args.stream_idle_timeout,
             upstream_connect_timeout=args.connect_timeout,
             num_retries=args.num_retries,
+            inference_paths=args.inference_paths,
+            max_headers_count=args.max_headers_count,
             template_dir=args.template_dir,
         )
     except EnvoyConfigError as exc:

@@ -10,8 +10,10 @@ gRPC statuses or exit codes, nothing below it does::
     └── RequestError                one request cannot be routed (an HTTP status)
         ├── BadRequestError         400: malformed JSON, missing fields
         ├── ModelNotFoundError      404: no InferenceModel serves the model
+        ├── PathNotFoundError       404: not an inference API the EPP routes
         ├── PayloadTooLargeError    413: a body over --max-request-body-size
         ├── TooManyRequestsError    429: a sheddable request to a saturated pool
+        ├── HeadersTooLargeError    431: no room left for the EPP's own headers
         ├── ServiceUnavailableError 503: no eligible ready endpoint
         └── InternalError           500: unsupported processing mode, bugs
 """
@@ -19,6 +21,16 @@ gRPC statuses or exit codes, nothing below it does::
 from __future__ import annotations
 
 from enum import Enum
+
+CLIP_CHARS = 200  # a client-supplied value quoted in an error body or a log line
+
+
+def clip(text: str, limit: int = CLIP_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, marked as cut: clients choose these values, and a
+    7 MB model name must not come back in the error body or flood the log."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[cut: {len(text)} characters in all]"
 
 
 class ErrorCode(Enum):
@@ -28,6 +40,7 @@ class ErrorCode(Enum):
     NOT_FOUND = (404, "NotFound")
     PAYLOAD_TOO_LARGE = (413, "PayloadTooLarge")
     RESOURCE_EXHAUSTED = (429, "ResourceExhausted")
+    HEADERS_TOO_LARGE = (431, "RequestHeaderFieldsTooLarge")
     SERVICE_UNAVAILABLE = (503, "ServiceUnavailable")
     INTERNAL = (500, "Internal")
 
@@ -76,12 +89,20 @@ class ModelNotFoundError(RequestError):
     code = ErrorCode.NOT_FOUND
 
 
+class PathNotFoundError(RequestError):
+    code = ErrorCode.NOT_FOUND
+
+
 class PayloadTooLargeError(RequestError):
     code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
 class TooManyRequestsError(RequestError):
     code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class HeadersTooLargeError(RequestError):
+    code = ErrorCode.HEADERS_TOO_LARGE
 
 
 class ServiceUnavailableError(RequestError):

@@ -15,18 +15,36 @@ from endpoint_picker.types import Criticality
 class Api(StrEnum):
     COMPLETIONS = "completions"
     CHAT_COMPLETIONS = "chat_completions"
-    OTHER = "other"
+    EMBEDDINGS = "embeddings"
+    MODELS = "models"  # GET /v1/models: answered by the EPP, never a model server's admin API
+    OTHER = "other"  # a path the operator opened with --extra-inference-path
 
 
-_PATH_APIS = {
+# The only paths routed to a model server by default: the OpenAI inference APIs. A model
+# server's other paths (/v1/load_lora_adapter, /v1/unload_lora_adapter, /metrics, /health,
+# ...) are its admin surface and must never be reachable through the gateway.
+INFERENCE_PATHS = {
     "/v1/completions": Api.COMPLETIONS,
     "/v1/chat/completions": Api.CHAT_COMPLETIONS,
+    "/v1/embeddings": Api.EMBEDDINGS,
 }
+MODELS_PATH = "/v1/models"
 
 
-def api_for_path(path: str) -> Api:
-    """The API a ``:path`` addresses; the query string does not count."""
-    return _PATH_APIS.get(path.partition("?")[0].rstrip("/") or "/", Api.OTHER)
+def normalize_path(path: str) -> str:
+    """The path as matched: no query string, no trailing slash; nothing else is forgiven."""
+    return path.partition("?")[0].rstrip("/") or "/"
+
+
+def api_for_path(path: str, extra_paths: frozenset[str] = frozenset()) -> Api | None:
+    """The API ``path`` addresses, or None when the EPP does not route it (a 404)."""
+    normalized = normalize_path(path)
+    api = INFERENCE_PATHS.get(normalized)
+    if api is not None:
+        return api
+    if normalized == MODELS_PATH:
+        return Api.MODELS
+    return Api.OTHER if normalized in extra_paths else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +75,8 @@ class LLMRequest:
         return ""
 
 
-def parse_request(request_id: str, path: str, raw_body: bytes) -> LLMRequest:
-    """Parse and validate a request body for ``path``; raise ``BadRequestError``."""
-    api = api_for_path(path)
+def parse_request(request_id: str, api: Api, raw_body: bytes) -> LLMRequest:
+    """Parse and validate a request body for ``api``; raise ``BadRequestError``."""
     try:
         body = orjson.loads(raw_body)
     except orjson.JSONDecodeError as exc:
@@ -79,6 +96,8 @@ def parse_request(request_id: str, path: str, raw_body: bytes) -> LLMRequest:
             raise BadRequestError("/v1/chat/completions needs a 'messages' field")
         if not isinstance(messages, list):
             raise BadRequestError("'messages' must be a list")
+    if api is Api.EMBEDDINGS and body.get("input") is None:
+        raise BadRequestError("/v1/embeddings needs an 'input' field")
     return LLMRequest(
         request_id=request_id,
         api=api,

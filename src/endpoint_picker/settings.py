@@ -60,9 +60,26 @@ class ServerSettings:
     metrics_port: int = 9090
     secure_serving: bool = True
     cert_path: Path | None = None  # a folder with tls.crt and tls.key; None: self-signed
+    # PEM CA bundle: ext_proc clients (Envoy) must present a certificate it signed (mTLS)
+    client_ca_file: Path | None = None
     drain_timeout: float = 30.0  # seconds open streams get to finish after SIGTERM
     # The EPP holds a whole request body before routing it: refuse (413) beyond this.
     max_request_body_bytes: int = 32 * 1024 * 1024
+    # All bodies held at once, every stream together: past it a request gets 429. Eight bodies
+    # at the per-body limit, or thousands of ordinary prompts; 0: no limit.
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    # Open ext_proc streams (one per request, open until its response ends): past it a new
+    # stream gets 429; 0: no limit.
+    max_concurrent_streams: int = 10_000
+    # Paths routed besides the OpenAI inference APIs (requests.INFERENCE_PATHS); every other
+    # path is a 404 so that a model server's admin API is never reachable through the gateway.
+    extra_inference_paths: tuple[str, ...] = ()
+    # The most request headers (count, and bytes of names and values) the EPP lets through,
+    # its own added headers included: a request past them gets a JSON 431 from the EPP instead
+    # of an empty 500 from Envoy, whose limits (max_headers_count, max_request_headers_kb)
+    # must be at least these (the shipped configs set 120 and 80 KiB).
+    max_request_headers: int = 100
+    max_request_header_bytes: int = 60 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +91,9 @@ class PoolSettings:
     # None: the pool's API decides (v1alpha2 rejects unknown models, v1 passes them through)
     allow_unknown_models: bool | None = None
     reload_poll_interval: float = 0.25  # seconds between pool-file change checks
+    # Seconds a changed pool file must stay unchanged before it is applied, so that a file
+    # caught mid-write is never served (the first load at start is immediate).
+    reload_settle_time: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)

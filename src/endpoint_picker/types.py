@@ -66,6 +66,11 @@ class MetricsSnapshot:
     """What the scheduler knows of one endpoint, as of ``updated_at`` (monotonic seconds).
 
     ``updated_at == 0`` means never scraped. Swapped in whole, never mutated.
+    ``max_active_adapters is None``: the server has reported no LoRA info (vLLM sets that gauge
+    as it schedules, so a fresh pod may have none yet; servers without LoRA never do): no
+    adapter is known to be loaded, and its free slots are unknown. ``base_models``: the model
+    names its metrics are labelled with (vLLM's ``model_name``): its base model, never an
+    adapter.
     """
 
     waiting_queue_size: int = 0
@@ -73,7 +78,8 @@ class MetricsSnapshot:
     kv_cache_usage: float = 0.0
     active_adapters: frozenset[str] = frozenset()
     waiting_adapters: frozenset[str] = frozenset()
-    max_active_adapters: int = 0
+    max_active_adapters: int | None = None
+    base_models: frozenset[str] = frozenset()
     block_size: int | None = None
     num_gpu_blocks: int | None = None
     updated_at: float = 0.0

@@ -158,6 +158,7 @@ async def running_epp(
     tls: bool = True,
     fallbacks: int = 0,
     staleness_threshold: float | None = None,
+    refresh_interval: float | None = None,
 ) -> AsyncIterator[App]:
     """The EPP in process (TLS with a self-signed certificate, like the shipped configs)."""
     settings = make_settings(tmp_path, pool_text)
@@ -169,6 +170,10 @@ async def running_epp(
     if staleness_threshold is not None:
         settings = replace(
             settings, scrape=replace(settings.scrape, staleness_threshold=staleness_threshold)
+        )
+    if refresh_interval is not None:
+        settings = replace(
+            settings, scrape=replace(settings.scrape, refresh_interval=refresh_interval)
         )
     app = App(settings)
     await app.start()

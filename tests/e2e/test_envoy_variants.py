@@ -198,3 +198,68 @@ async def test_the_epp_cluster_passes_grpc_health_checks_over_tls(
         stats = dict(line.split(": ", 1) for line in (await r.text()).splitlines() if ": " in line)
     assert int(stats["cluster.endpoint_picker.health_check.success"]) >= 1
     assert int(stats["cluster.endpoint_picker.health_check.failure"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/unload_lora_adapter"),
+        ("POST", "/v1/load_lora_adapter"),
+        ("GET", "/metrics"),
+        ("GET", "/health"),
+        ("POST", "/v1/completions/../unload_lora_adapter"),
+        ("POST", "/v1/completions/%2e%2e/unload_lora_adapter"),
+        ("POST", "//v1/unload_lora_adapter"),
+        ("GET", "/"),
+    ],
+)
+async def test_a_model_servers_admin_api_is_unreachable(
+    stack: Stack, session: aiohttp.ClientSession, method: str, path: str
+) -> None:
+    """Admin and unknown paths get a JSON 4xx from the gateway and never reach a backend."""
+    payload = {"model": "m", "lora_name": "food-review-v1", "prompt": "x"}
+    async with session.request(
+        method, stack.envoy.url + path, json=payload, skip_auto_headers=()
+    ) as reply:
+        body = await reply.read()
+        assert reply.status in (400, 404), body
+        if reply.status == 404:
+            assert reply.headers["content-type"] == "application/json"
+            assert orjson.loads(body)["error"]["code"] == 404
+    assert not any(b.received for b in stack.backends)
+
+
+async def test_models_are_listed_by_the_gateway(
+    stack: Stack, session: aiohttp.ClientSession
+) -> None:
+    """GET /v1/models is answered by the EPP from the pool's InferenceModels."""
+    async with session.get(stack.envoy.url + "/v1/models") as reply:
+        assert reply.status == 200
+        listed = orjson.loads(await reply.read())
+    assert {m["id"] for m in listed["data"]} == {"m", "split"}
+    assert not any(b.received for b in stack.backends)
+
+
+@pytest.mark.parametrize("extra_headers", [85, 92, 100, 110])
+async def test_many_client_headers_get_200_or_a_json_431(
+    stack: Stack, session: aiohttp.ClientSession, extra_headers: int
+) -> None:
+    """Up to Envoy's limit a request either routes or gets a JSON 431, never an empty 500."""
+    headers = {f"x-client-{i}": "v" for i in range(extra_headers)}
+    reply = await post(session, stack.envoy.url, {"model": "m", "prompt": "x"}, headers=headers)
+    if extra_headers <= 85:
+        assert reply.status == 200, reply.body
+    else:
+        assert reply.status == 431, reply.body
+        assert reply.json["error"]["type"] == "RequestHeaderFieldsTooLarge"
+        assert not any(b.received for b in stack.backends)
+
+
+async def test_a_huge_model_name_is_not_echoed(
+    stack: Stack, session: aiohttp.ClientSession
+) -> None:
+    """A 900 KB unknown model name comes back clipped in a small 404."""
+    reply = await post(session, stack.envoy.url, {"model": "x" * 900_000, "prompt": "x"})
+    assert reply.status == 404
+    assert len(reply.body) < 1000
+    assert "[cut: 900000 characters in all]" in reply.json["error"]["message"]

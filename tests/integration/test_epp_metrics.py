@@ -115,7 +115,9 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
         s.name: s.value
         for s in families["inference_extension_scheduler_e2e_duration_seconds"].samples
     }
-    assert e2e["inference_extension_scheduler_e2e_duration_seconds_count"] == 4.0
+    assert (
+        e2e["inference_extension_scheduler_e2e_duration_seconds_count"] == 3.0
+    )  # GET /v1/models is answered by the EPP, not scheduled
     plugin_labels = {
         (s.labels["extension_point"], s.labels["plugin_type"])
         for s in families["inference_extension_plugin_duration_seconds"].samples
@@ -128,3 +130,22 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
         if "le" not in s.labels
     }
     assert durations["inference_model_request_duration_seconds_count"] == 3.0
+
+
+async def test_invalid_usage_and_process_metrics_on_the_metrics_port(tmp_path: Path) -> None:
+    """Junk usage is counted, not observed; process_* metrics are served on the metrics port."""
+    request = json_body({"model": "m", "prompt": "hello"})
+    junk = b'{"usage": {"prompt_tokens": -12, "completion_tokens": 30}}'
+    async with running_app(make_settings(tmp_path, TEXT)) as (app, client):
+        await client.exchange([headers(), body(request), response_headers(), response_body(junk)])
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{app.ports.metrics}/metrics") as reply,
+        ):
+            text = await reply.text()
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    invalid = samples["inference_extension_model_server_invalid_usage_total"]
+    assert (invalid.labels, invalid.value) == ({"model_name": "m", "target_model_name": "m-v1"}, 1)
+    assert "inference_model_input_tokens_count" not in samples
+    assert samples["process_resident_memory_bytes"].value > 0
+    assert samples["process_open_fds"].value > 0

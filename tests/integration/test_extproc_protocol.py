@@ -148,15 +148,64 @@ async def test_client_sent_destination_headers_are_ignored_and_removed(tmp_path:
 
 
 async def test_headers_only_request_routes_at_once(tmp_path: Path) -> None:
-    """A GET with no body is routed on its headers."""
-    async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
+    """A GET with no body is routed on its headers (a v1 pool lets a server list models)."""
+    text = pool_yaml(pool(api=V1), *PODS)
+    async with running_app(make_settings(tmp_path, text)) as (_, client):
         out = await client.exchange([headers("/v1/models", method="GET", end_of_stream=True)])
     assert lb_metadata(out[0]) in ENDPOINTS
 
 
+async def test_models_are_listed_by_the_epp(tmp_path: Path) -> None:
+    """GET /v1/models is answered by the EPP with the pool's InferenceModels, never routed."""
+    async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
+        out = await client.exchange([headers("/v1/models", method="GET", end_of_stream=True)])
+    immediate = out[0].immediate_response
+    assert immediate.status.code == 200
+    assert [m["id"] for m in orjson.loads(immediate.body)["data"]] == ["m", "split"]
+
+
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [
+        ("/v1/unload_lora_adapter", "POST"),
+        ("/v1/load_lora_adapter", "POST"),
+        ("/metrics", "GET"),
+        ("/health", "GET"),
+        ("/v1/completions/../unload_lora_adapter", "POST"),
+    ],
+)
+async def test_admin_paths_are_404_on_the_headers(tmp_path: Path, path: str, method: str) -> None:
+    """A model server's admin API is a JSON 404 on the headers: nothing routed, nothing held."""
+    async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
+        out = await client.exchange([headers(path, method=method)])
+    assert len(out) == 1
+    status, answer = error_of(out[0])
+    assert status == 404
+    assert "not an inference API" in answer["error"]["message"]
+
+
+async def test_envoy_connect_failure_takes_the_endpoint_out(tmp_path: Path) -> None:
+    """Envoy's connect-failure 503 for the picked endpoint: later requests go elsewhere."""
+    raw = json_body({"model": "m", "prompt": "x"})
+    async with running_app(make_settings(tmp_path, BASIC)) as (app, client):
+        out = await client.exchange(
+            [
+                headers(),
+                body(raw),
+                response_headers(status=503, extra={"x-gateway-upstream-failure": "connect"}),
+                response_body(b"{}"),
+            ]
+        )
+        dead = lb_metadata(out[0])
+        assert app.datastore.unreachable.keys() == {dead}
+        for _ in range(6):
+            again = await client.exchange([headers(), body(raw)])
+            assert lb_metadata(again[0]) != dead
+
+
 async def test_no_ready_pods_is_503(tmp_path: Path) -> None:
     """A pool without Ready pods answers 503, for bodies and for headers-only requests."""
-    text = pool_yaml(pool(), model("m"), pod("a", "127.0.0.2", ready=False))
+    text = pool_yaml(pool(api=V1), pod("a", "127.0.0.2", ready=False))
     async with running_app(make_settings(tmp_path, text)) as (_, client):
         with_body = await client.exchange(
             [headers(), body(json_body({"model": "m", "prompt": "x"}))]
@@ -330,3 +379,29 @@ async def test_unexpected_exception_is_a_json_500(tmp_path: Path) -> None:
     status, error = error_of(out[0])
     assert (status, error["error"]["type"]) == (500, "Internal")
     assert "boom" not in error["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "status"),
+    [
+        # 3 pseudo-headers + content-length + 95 = 99, + the destination header = 100: fits
+        ({"content-length": "10", **{f"x-{i}": "v" for i in range(95)}}, None),
+        # without a content-length the EPP adds one too: 101 would not fit
+        ({f"x-{i}": "v" for i in range(96)}, 431),
+        ({"content-length": "10", **{f"x-{i}": "v" for i in range(96)}}, 431),
+        ({"x-big": "v" * 61_000}, 431),  # past 60 KiB of headers
+    ],
+)
+async def test_headers_leave_room_for_the_epps_own(
+    tmp_path: Path, extra: dict[str, str], status: int | None
+) -> None:
+    """A request whose headers leave no room for the EPP's mutation is a JSON 431 at once."""
+    raw = json_body({"model": "m", "prompt": "x"})
+    async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
+        out = await client.exchange([headers(extra=extra), body(raw)])
+    if status is None:
+        assert lb_metadata(out[0]) in ENDPOINTS
+    else:
+        assert len(out) == 1
+        code, answer = error_of(out[0])
+        assert (code, answer["error"]["type"]) == (431, "RequestHeaderFieldsTooLarge")

@@ -101,6 +101,18 @@ async def test_informed_pick(tmp_path: Path, metrics: list[str], winner: int) ->
     assert picks == {servers[winner].hostport}
 
 
+async def test_base_model_traffic_reaches_a_pod_without_lora_info(tmp_path: Path) -> None:
+    """Base-model requests spread over a fresh pod (no LoRA sample yet) and a LoRA-ready one."""
+    clock = FakeClock()
+    async with fake_model_servers(ADDRS[:2]) as servers:
+        servers[0].metrics_text = vllm_metrics(model="crit")
+        servers[1].metrics_text = vllm_metrics(model="crit", lora_info=False)
+        async with _running_app(settings_for(tmp_path, servers), clock=clock) as (app, client):
+            await wait_for_metrics(app, all_scraped_at(clock))
+            picks = {await pick(client, "crit") for _ in range(30)}
+    assert picks == {servers[0].hostport, servers[1].hostport}
+
+
 async def test_shedding_by_criticality(tmp_path: Path) -> None:
     """Overloaded pool: critical still routes, sheddable gets 429 until one endpoint has room."""
     clock = FakeClock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -52,6 +53,33 @@ async def test_pool_file_edit_applies_and_bad_edit_keeps_last_good(tmp_path: Pat
             return lb_metadata(out[0]) == "127.0.0.4:8000"
 
         await _eventually(moved_again, within=1.5)
+
+
+async def test_refused_empty_pool_shows_in_metrics_and_healthz(tmp_path: Path) -> None:
+    """A pool file emptied by mistake keeps routing; /metrics and /healthz say it was refused."""
+    settings = make_settings(
+        tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")), reload_settle_time=0.1
+    )
+    pool_file = settings.pool.pool_file
+    assert pool_file is not None
+    raw = json_body({"model": "m", "prompt": "x"})
+    async with running_app(settings) as (app, client), aiohttp.ClientSession() as session:
+        base = f"http://127.0.0.1:{app.ports.metrics}"
+        pool_file.write_text(pool_yaml(pool(), model("m")))
+
+        async def refused() -> bool:
+            async with session.get(f"{base}/metrics") as reply:
+                text = await reply.text()
+            return 'inference_extension_pool_reload_total{result="rejected_empty"} 1.0' in text
+
+        await _eventually(refused, within=2.0)
+        async with session.get(f"{base}/metrics") as reply:
+            assert "inference_extension_pool_source_healthy 0.0" in await reply.text()
+        async with session.get(f"{base}/healthz") as reply:
+            assert reply.status == 200  # still ready: the last good pool serves
+            assert "refused" in await reply.text()
+        out = await client.exchange([headers(), body(raw)])
+        assert lb_metadata(out[0]) == "127.0.0.2:8000"
 
 
 async def _health(port: int, service: str) -> int:

@@ -64,17 +64,18 @@ def json_body(obj: Any) -> bytes:
 
 
 def response_headers(
-    content_type: str = "application/json", served: str | None = None, status: int = 200
+    content_type: str = "application/json",
+    served: str | None = None,
+    status: int = 200,
+    extra: dict[str, str] | None = None,
 ) -> pb.ProcessingRequest:
+    values = [
+        base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
+        base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
+    ]
+    values += [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in (extra or {}).items()]
     message = pb.ProcessingRequest(
-        response_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
-                    base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
-                ]
-            )
-        )
+        response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=values))
     )
     if served:
         meta = struct_pb2.Struct()

@@ -21,8 +21,12 @@ def vllm_metrics(
     pending: Sequence[str] = (),
     max_lora: int = 4,
     model: str = "base",
+    lora_info: bool = True,
 ) -> str:
-    """A vLLM v1 ``/metrics`` payload with the gauges the EPP reads amid histograms."""
+    """A vLLM v1 ``/metrics`` payload with the gauges the EPP reads amid histograms.
+
+    ``lora_info=False``: no ``vllm:lora_requests_info`` sample, as on a fresh pod.
+    """
     labels = f'engine="0",model_name="{model}"'
     lines = [
         "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
@@ -45,9 +49,13 @@ def vllm_metrics(
         f"vllm:kv_cache_usage_perc{{{labels}}} {kv}",
         "# HELP vllm:lora_requests_info Running stats on lora requests.",
         "# TYPE vllm:lora_requests_info gauge",
-        f'vllm:lora_requests_info{{max_lora="{max_lora}",running_lora_adapters="{",".join(active)}",'
-        f'waiting_lora_adapters="{",".join(pending)}"}} 1.7e+09',
     ]
+    if lora_info:
+        lines.append(
+            f'vllm:lora_requests_info{{max_lora="{max_lora}",'
+            f'running_lora_adapters="{",".join(active)}",'
+            f'waiting_lora_adapters="{",".join(pending)}"}} 1.7e+09'
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from endpoint_picker.director import Director
 from endpoint_picker.errors import (
     BadRequestError,
     ModelNotFoundError,
+    PathNotFoundError,
     ServiceUnavailableError,
     TooManyRequestsError,
 )
@@ -32,6 +33,7 @@ def make_director(
     seed: int = 1,
     fallbacks: int = 0,
     queue: int = 0,
+    extra_paths: tuple[str, ...] = (),
 ) -> tuple[Director, Datastore]:
     store = Datastore()
     store.apply(parse_pool_text(pool_yaml(*docs), "t"))
@@ -49,6 +51,7 @@ def make_director(
         parts.scheduler,
         parts.saturation_detector,
         allow_unknown_models=allow_unknown,
+        extra_paths=extra_paths,
         rng=random.Random(seed),
     )
     return director, store
@@ -176,10 +179,66 @@ def test_fallbacks_are_distinct_primary_first() -> None:
     assert decision.destination == ",".join(decision.endpoints)
 
 
-def test_headers_only_request_routes() -> None:
-    """A request without a body (GET /v1/models) routes to an endpoint."""
-    director, _ = make_director(pool(), *PODS)
-    assert director.route_headers_only("r", "/v1/models", None).endpoints
+def test_models_list_comes_from_the_pool_or_from_a_server() -> None:
+    """GET /v1/models lists the InferenceModels; a pool without any lets a server answer."""
+    director, _ = make_director(pool(), model("b"), model("a", targets={"a-v1": 1}), *PODS)
+    assert director.list_models() == ["a", "b"]
+    bare, _ = make_director(pool(api=V1), *PODS)
+    assert bare.list_models() is None
+    assert bare.route_headers_only("r", "/v1/models", None).endpoints
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/metrics", "/health", "/v1/x"],
+)
+def test_admin_and_unknown_paths_are_404(path: str) -> None:
+    """A model server's admin API is never routed: a 404, with or without a body."""
+    director, _ = make_director(pool(), model("m"), *PODS)
+    with pytest.raises(PathNotFoundError, match="not an inference API"):
+        director.route("r", path, completion("m"), None)
+    with pytest.raises(PathNotFoundError):
+        director.route_headers_only("r", path, None)
+
+
+def test_extra_paths_are_routed() -> None:
+    """--extra-inference-path opens a path: it routes with just a model."""
+    director, _ = make_director(pool(), model("m"), *PODS, extra_paths=("/v1/rerank/",))
+    assert director.route("r", "/v1/rerank", orjson.dumps({"model": "m"}), None).endpoints
+
+
+def test_unreachable_endpoints_get_no_requests_until_scraped_again() -> None:
+    """An endpoint marked unreachable is skipped; a successful scrape brings it back."""
+    director, store = make_director(pool(), model("m"), *PODS)
+    store.mark_unreachable("127.0.0.2:8000", "test")
+    store.mark_unreachable("127.0.0.3:8000", "test")
+    picks = {director.route("r", "/v1/completions", completion("m"), None).endpoints[0]}
+    picks |= {director.route("r", "/v1/completions", completion("m"), None).endpoints[0]}
+    assert picks == {"127.0.0.4:8000"}
+    endpoint = next(e for e in store.endpoints if e.hostport == "127.0.0.2:8000")
+    store.update_metrics(endpoint, MetricsSnapshot(updated_at=NOW))
+    assert {s.hostport for s in store.endpoint_states()} == {
+        "127.0.0.2:8000",
+        "127.0.0.4:8000",
+    }
+
+
+def test_when_every_endpoint_is_unreachable_all_stay_candidates() -> None:
+    """No endpoint reachable: route as without the signal, never refuse on it alone."""
+    director, store = make_director(pool(), model("m"), *PODS)
+    for endpoint in store.endpoints:
+        store.mark_unreachable(endpoint.hostport, "test")
+    assert len(store.endpoint_states()) == 3
+    assert director.route("r", "/v1/completions", completion("m"), None).endpoints
+
+
+def test_a_huge_model_name_is_clipped_in_the_error() -> None:
+    """A 7 MB model name comes back cut to a few hundred characters, marked as cut."""
+    director, _ = make_director(pool(), model("m"), *PODS)
+    with pytest.raises(ModelNotFoundError) as caught:
+        director.route("r", "/v1/completions", completion("x" * 7_000_000), None)
+    assert len(caught.value.message) < 400
+    assert "[cut: 7000000 characters in all]" in caught.value.message
 
 
 def test_rewrite_keeps_every_other_value_exactly() -> None:
@@ -208,3 +267,24 @@ def test_rewrite_touches_only_the_top_level_model(raw: bytes) -> None:
     decision = director.route("r", "/v1/completions", raw, None)
     assert json.loads(decision.body) == {**json.loads(raw), "model": "a"}
     assert len(decision.body) == len(raw) - len('"m"') + len('"a"')
+
+
+def test_rewrite_handles_the_deepest_body_the_parser_accepts() -> None:
+    """A split model with a prompt nested 1,020 levels deep is rewritten, not a 500."""
+    director, _ = make_director(pool(), model("m", targets={"a": 1}), *PODS)
+    depth = 1020  # orjson accepts 1,024 levels; Python's own recursion limit is about 1,000
+    raw = (
+        b'{"tools": [{"model": "m"}], "prompt": ' + b"[" * depth + b"]" * depth + b', "model": "m"}'
+    )
+    decision = director.route("r", "/v1/completions", raw, None)
+    assert orjson.loads(decision.body)["model"] == "a"
+    assert decision.body == raw[: -len(b'"m"}')] + b'"a"}'  # only the top-level value changed
+
+
+def test_rewrite_of_a_deep_body_with_an_escaped_model_key_is_a_400() -> None:
+    """A body only the fallback can rewrite, nested past its recursion limit, is a clean 400."""
+    director, _ = make_director(pool(), model("m", targets={"a": 1}), *PODS)
+    depth = 1020
+    raw = b'{"\\u006dodel": "m", "prompt": ' + b"[" * depth + b"]" * depth + b"}"
+    with pytest.raises(BadRequestError, match="nested too deeply"):
+        director.route("r", "/v1/completions", raw, None)

@@ -1,9 +1,10 @@
-"""Go-style durations and booleans."""
+"""Go-style durations and booleans; flags that reach the settings."""
 
 from __future__ import annotations
 
 import pytest
 
+from endpoint_picker.cli import build_parser, settings_from_args
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.settings import parse_bool, parse_duration
 
@@ -36,3 +37,12 @@ def test_bad_boolean() -> None:
     """A non-boolean is a clear error."""
     with pytest.raises(ConfigError, match="invalid boolean"):
         parse_bool("maybe")
+
+
+@pytest.mark.parametrize(
+    ("flags", "seconds"), [([], 0.5), (["--pool-file-settle-time", "2s"], 2.0)]
+)
+def test_pool_file_settle_time_flag(flags: list[str], seconds: float) -> None:
+    """--pool-file-settle-time reaches PoolSettings; half a second by default."""
+    args = build_parser().parse_args(["serve", "--pool-file", "pool.yaml", *flags])
+    assert settings_from_args(args).pool.reload_settle_time == seconds

@@ -59,12 +59,12 @@ class _Fields:
             raise self.fail(path, "must be a port number between 1 and 65535")
         return value
 
-    def labels(self, value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    def labels(self, value: Any, path: str, what: str = "label") -> tuple[tuple[str, str], ...]:
         items = self.mapping(value, path, required=False)
         pairs = []
         for key, val in items.items():
             if not isinstance(key, str) or not isinstance(val, str | int | float | bool):
-                raise self.fail(f"{path}.{key}", "label values must be strings")
+                raise self.fail(f"{path}.{key}", f"{what} values must be strings")
             pairs.append((key, val if isinstance(val, str) else str(val).lower()))
         return tuple(sorted(pairs))
 
@@ -99,6 +99,7 @@ def _decode_pool(doc: Mapping[str, Any], api: str, f: _Fields) -> InferencePool:
         api_version=api,
         selector=selector,
         target_ports=ports,
+        annotations=f.labels(meta.get("annotations"), "metadata.annotations", "annotation"),
     )
 
 

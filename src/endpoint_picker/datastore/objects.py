@@ -21,6 +21,10 @@ class InferencePool:
     api_version: str
     selector: tuple[tuple[str, str], ...]  # matchLabels; every pair must match
     target_ports: tuple[int, ...]
+    annotations: tuple[tuple[str, str], ...] = ()  # metadata.annotations, sorted
+
+    def annotation(self, key: str) -> str | None:
+        return dict(self.annotations).get(key)
 
     @property
     def passes_unknown_models(self) -> bool:

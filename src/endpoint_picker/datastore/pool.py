@@ -18,6 +18,8 @@ class PoolState:
     pool: InferencePool
     models: Mapping[str, InferenceModel]  # by modelName, after conflict resolution
     endpoints: tuple[Endpoint, ...]
+    # Every model name the pool configures: InferenceModel names and their target models.
+    configured_names: frozenset[str] = frozenset()
 
 
 def select_pool(state: ClusterState, pool_name: str | None) -> InferencePool:
@@ -76,8 +78,12 @@ def pool_models(
 
 def resolve_pool(state: ClusterState, pool_name: str | None) -> PoolState:
     pool = select_pool(state, pool_name)
+    models = pool_models(pool, state.models)
     return PoolState(
         pool=pool,
-        models=MappingProxyType(pool_models(pool, state.models)),
+        models=MappingProxyType(models),
         endpoints=pool_endpoints(pool, state.pods),
+        configured_names=frozenset(
+            [*models, *(t.name for m in models.values() for t in m.target_models)]
+        ),
     )

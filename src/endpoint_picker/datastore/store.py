@@ -2,6 +2,12 @@
 
 Sources call ``apply`` with everything they know; scrapers call ``update_metrics``. Readers get
 immutable views, so a scheduling cycle sees every endpoint's metrics as of one moment.
+
+An endpoint is *unreachable* from the moment a scrape is refused or reset, or Envoy reports that
+it could not connect to it, until a scrape succeeds again: it leaves the view the scheduler
+reads, so a dead pod stops getting traffic at once instead of when its last metrics go stale.
+When every endpoint is unreachable the view keeps them all: the EPP then routes as it would
+without the signal, rather than refusing traffic on what may be a metrics-only fault.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ class Datastore:
         self._state: PoolState | None = None
         self._metrics: dict[str, MetricsSnapshot] = {}
         self._view: tuple[EndpointState, ...] | None = None
+        self._unreachable: dict[str, str] = {}  # hostport -> why
         self._listeners: list[EndpointsListener] = []
 
     # -- writers -------------------------------------------------------------------------------
@@ -36,6 +43,7 @@ class Datastore:
         self._state = new
         live = {e.hostport for e in new.endpoints}
         self._metrics = {k: v for k, v in self._metrics.items() if k in live}
+        self._unreachable = {k: v for k, v in self._unreachable.items() if k in live}
         self._view = None
         if new.endpoints != old_endpoints:
             log.info(
@@ -47,12 +55,29 @@ class Datastore:
                 listener(new.endpoints)
         return new
 
+    def resolve(self, cluster: ClusterState) -> PoolState:
+        """What ``apply`` would swap in, without swapping: lets a source vet a change first."""
+        return resolve_pool(cluster, self._pool_name)
+
     def update_metrics(self, endpoint: Endpoint, snapshot: MetricsSnapshot) -> None:
         """Swap in an endpoint's metrics; late updates for removed endpoints are dropped."""
         if self._state is None or endpoint not in self._state.endpoints:
             return
         self._metrics[endpoint.hostport] = snapshot
+        if self._unreachable.pop(endpoint.hostport, None) is not None:
+            log.info("endpoint reachable again", endpoint=endpoint.hostport)
         self._view = None
+
+    def mark_unreachable(self, hostport: str, reason: str) -> None:
+        """Keep ``hostport`` out of the view until its next successful scrape."""
+        if hostport in self._unreachable or hostport not in self._live_hostports():
+            return
+        self._unreachable[hostport] = reason
+        self._view = None
+        log.warning("endpoint unreachable, not routing to it", endpoint=hostport, reason=reason)
+
+    def _live_hostports(self) -> set[str]:
+        return {e.hostport for e in self.endpoints}
 
     def on_endpoints_changed(self, listener: EndpointsListener) -> None:
         self._listeners.append(listener)
@@ -74,13 +99,28 @@ class Datastore:
     def model(self, model_name: str) -> InferenceModel | None:
         return self._state.models.get(model_name) if self._state else None
 
+    def is_configured_model(self, name: str) -> bool:
+        """Whether the pool names ``name``: an InferenceModel or one of its target models."""
+        return self._state is not None and name in self._state.configured_names
+
+    def model_names(self) -> tuple[str, ...]:
+        """The names of the pool's InferenceModels (what clients ask for)."""
+        return tuple(self._state.models) if self._state else ()
+
+    @property
+    def unreachable(self) -> dict[str, str]:
+        """The endpoints currently kept out of the view, with why (a copy)."""
+        return dict(self._unreachable)
+
     def endpoint_states(self) -> tuple[EndpointState, ...]:
-        """Every endpoint with its metrics, as of now (cached until the next change)."""
+        """Every reachable endpoint with its metrics, as of now (cached until the next change)."""
         view = self._view
         if view is None:
+            endpoints = self.endpoints
+            reachable = tuple(e for e in endpoints if e.hostport not in self._unreachable)
             view = tuple(
                 EndpointState(e, self._metrics.get(e.hostport, EMPTY_METRICS))
-                for e in self.endpoints
+                for e in (reachable or endpoints)
             )
             self._view = view
         return view

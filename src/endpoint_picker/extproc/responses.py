@@ -119,6 +119,30 @@ def error_body(code: ErrorCode, message: str) -> bytes:
     )
 
 
+def immediate_json(status: int, body: bytes, details: str) -> pb.ProcessingResponse:
+    """An answer from the EPP itself (``GET /v1/models``): the request goes nowhere."""
+    response = pb.ProcessingResponse()
+    immediate = response.immediate_response
+    immediate.status.code = status
+    _set_header(immediate.headers, wire.CONTENT_TYPE, b"application/json")
+    immediate.body = body
+    immediate.details = details
+    return response
+
+
+def models_body(model_names: Sequence[str], owner: str) -> bytes:
+    """The OpenAI ``GET /v1/models`` list."""
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": owner}
+                for name in model_names
+            ],
+        }
+    )
+
+
 def immediate_error(code: ErrorCode, message: str) -> pb.ProcessingResponse:
     response = pb.ProcessingResponse()
     immediate = response.immediate_response

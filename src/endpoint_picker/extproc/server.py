@@ -10,8 +10,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from endpoint_picker.extproc import wire
+from endpoint_picker.errors import ErrorCode
+from endpoint_picker.extproc import responses, wire
+from endpoint_picker.extproc.limits import StreamSlots
 from endpoint_picker.extproc.stream import RequestStream
+from endpoint_picker.telemetry.metrics import EppMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -21,8 +24,15 @@ _READINESS_SERVICES = ("", "readiness", wire.EXT_PROC_SERVICE)
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Envoy's ext_proc service: one ``RequestStream`` per ``Process`` stream."""
 
-    def __init__(self, new_stream: Callable[[], RequestStream]) -> None:
+    def __init__(
+        self,
+        new_stream: Callable[[], RequestStream],
+        slots: StreamSlots | None = None,
+        metrics: EppMetrics | None = None,
+    ) -> None:
         self._new_stream = new_stream  # the composition root binds the stream's dependencies
+        self._slots = slots or StreamSlots(0)
+        self._metrics = metrics
 
     async def Process(
         self,
@@ -30,6 +40,21 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = self._new_stream()
+        if not self._slots.try_acquire():
+            stream.close()
+            # A JSON 429 on the first message: gRPC's own RESOURCE_EXHAUSTED would reach the
+            # client as Envoy's empty 500.
+            log.debug("ext_proc stream refused", open_streams=self._slots.open)
+            if self._metrics is not None:
+                self._metrics.stream_limit_rejections.inc()
+                self._metrics.request_failed("", "", ErrorCode.RESOURCE_EXHAUSTED)
+            async for _ in request_iterator:
+                yield responses.immediate_error(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    "the endpoint picker has too many open requests; retry later",
+                )
+                return
+            return
         try:
             async for message in request_iterator:
                 for response in stream.handle(message):
@@ -40,6 +65,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             log.exception("ext_proc stream failed", request_id=stream.request_id)
             raise
         finally:
+            self._slots.release()
             stream.close()
 
 
@@ -87,15 +113,23 @@ def build_ext_proc_server(
     health_state: HealthState,
     address: str,
     tls: tuple[bytes, bytes] | None,
+    client_ca: bytes | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """The ext_proc server (health served there too); returns it with its bound port."""
+    """The ext_proc server (health served there too); returns it with its bound port.
+
+    ``tls`` is (key, certificate chain) in PEM; ``client_ca`` (PEM, needs ``tls``) turns on
+    mutual TLS: only clients with a certificate signed by it can open a connection.
+    """
     server = grpc.aio.server(options=_server_options())
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     if tls is None:
         port = server.add_insecure_port(address)
     else:
-        port = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+        credentials = grpc.ssl_server_credentials(
+            [tls], root_certificates=client_ca, require_client_auth=client_ca is not None
+        )
+        port = server.add_secure_port(address, credentials)
     return server, port
 
 

@@ -17,8 +17,19 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from endpoint_picker.director import Director, RoutingDecision
-from endpoint_picker.errors import ErrorCode, InternalError, PayloadTooLargeError, RequestError
+from endpoint_picker.errors import (
+    BadRequestError,
+    ErrorCode,
+    HeadersTooLargeError,
+    InternalError,
+    PayloadTooLargeError,
+    RequestError,
+    TooManyRequestsError,
+    clip,
+)
 from endpoint_picker.extproc import responses, wire
+from endpoint_picker.extproc.limits import BodyBudget
+from endpoint_picker.requests import Api
 from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
 from endpoint_picker.telemetry.usage import UsageReader
 
@@ -49,6 +60,13 @@ def _metadata_string(request: pb.ProcessingRequest, namespace: str, key: str) ->
 
 
 _MAX_REQUEST_ID = 128
+_MAX_ERROR_MESSAGE = 1000
+# Envoy's defaults (max_headers_count, max_request_headers_kb); the shipped configs give Envoy
+# more, so the EPP's 431 comes before Envoy's empty answer.
+DEFAULT_MAX_HEADERS = 100
+DEFAULT_MAX_HEADER_BYTES = 60 * 1024
+# what the EPP may add: x-gateway-destination-endpoint with a few fallbacks, content-length
+_ADDED_HEADER_BYTES = 512
 
 
 def _safe_request_id(raw: str) -> str:
@@ -87,9 +105,16 @@ class RequestStream:
         metrics: EppMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_body_bytes: int = 32 * 1024 * 1024,
+        budget: BodyBudget | None = None,
+        max_headers: int = DEFAULT_MAX_HEADERS,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     ) -> None:
         self._director = director
+        self._max_headers = max_headers
+        self._max_header_bytes = max_header_bytes
         self._max_body_bytes = max_body_bytes
+        # shared by every stream of the process; this stream holds len(self._body) of it
+        self._budget = budget or BodyBudget(0)
         self._metrics = metrics
         self._clock = clock
         self.finished = False
@@ -142,6 +167,7 @@ class RequestStream:
     def _reject(
         self, code: ErrorCode, message: str, model: str = "", target_model: str = ""
     ) -> Responses:
+        message = clip(message, _MAX_ERROR_MESSAGE)  # values in it are clipped; this bounds all
         log.info("request rejected", status=code.http_status, reason=message)
         self.finished = True
         if self._metrics is not None:
@@ -152,8 +178,12 @@ class RequestStream:
 
     def _on_request_headers(self, message: pb.ProcessingRequest) -> Responses:
         headers = message.request_headers
+        header_bytes, has_content_length = 0, False
         for header in headers.headers.headers:
             key = header.key.lower()
+            header_bytes += len(key) + len(header.raw_value or header.value)
+            if key == wire.CONTENT_LENGTH:
+                has_content_length = True
             if key == ":path":
                 self._path = _header_value(header)
             elif key == wire.REQUEST_ID_HEADER:
@@ -168,6 +198,25 @@ class RequestStream:
             self._request_id = uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=self._request_id)
         self._subset = subset_hint(message)
+        # The destination header, and the body's length when the client sent none, must still
+        # fit Envoy's limits: past them Envoy drops the mutation with an empty 500.
+        added = 1 + (0 if has_content_length or headers.end_of_stream else 1)
+        count = len(headers.headers.headers) - len(self._spoofed) + added
+        if count > self._max_headers or header_bytes + _ADDED_HEADER_BYTES > self._max_header_bytes:
+            raise HeadersTooLargeError(
+                f"too many or too large request headers ({len(headers.headers.headers)} headers, "
+                f"{header_bytes} bytes): the gateway allows {self._max_headers} headers and "
+                f"{self._max_header_bytes} bytes, its own included"
+            )
+        # Only the inference APIs go anywhere: a 404 now, before a byte of body is buffered.
+        if self._director.resolve_api(self._path) is Api.MODELS:
+            models = self._director.list_models()
+            if models is not None:
+                self.finished = True
+                body = responses.models_body(models, owner="endpoint-picker")
+                return [responses.immediate_json(200, body, "epp_models")]
+            if not headers.end_of_stream:
+                raise BadRequestError("GET /v1/models takes no request body")
         if headers.end_of_stream:
             decision = self._director.route_headers_only(self._request_id, self._path, self._subset)
             self._routed(decision)
@@ -185,12 +234,21 @@ class RequestStream:
         body = message.request_body
         if self._decision is not None:  # chunks after routing (e.g. before trailers): pass on
             return [responses.streamed_request_body(body.body, body.end_of_stream)]
-        self._body += body.body
-        if len(self._body) > self._max_body_bytes:
-            self._body = bytearray()
+        size = len(body.body)
+        if len(self._body) + size > self._max_body_bytes:
+            self._drop_body()
             raise PayloadTooLargeError(
                 f"request body exceeds the EPP's limit of {self._max_body_bytes} bytes"
             )
+        # 429, not 413: this body is acceptable, the process is full of other bodies right now
+        if not self._budget.try_reserve(size):
+            self._drop_body()
+            if self._metrics is not None:
+                self._metrics.buffer_budget_rejections.inc()
+            raise TooManyRequestsError(
+                "the endpoint picker is holding too many request bodies; retry later"
+            )
+        self._body += body.body
         if body.end_of_stream or self._request_mode == BUFFERED:
             # BUFFERED sends the whole body in one message; without end_of_stream when
             # trailers follow, and Envoy waits for this answer before sending them.
@@ -203,9 +261,14 @@ class RequestStream:
             return [*self._route_body(end_of_stream=False), responses.CONTINUE_REQUEST_TRAILERS]
         return [responses.CONTINUE_REQUEST_TRAILERS]
 
+    def _drop_body(self) -> None:
+        """Forget the buffered body and give its bytes back to the shared budget."""
+        self._budget.release(len(self._body))
+        self._body = bytearray()
+
     def _route_body(self, end_of_stream: bool) -> Responses:
         raw = bytes(self._body)
-        self._body = bytearray()
+        self._drop_body()
         decision = self._director.route(self._request_id, self._path, raw, self._subset)
         self._routed(decision)
         if self._request_mode == BUFFERED:
@@ -248,7 +311,7 @@ class RequestStream:
         served = _metadata_string(message, wire.LB_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
         if served:
             self._served = served
-        content_type, status = "", 0
+        content_type, status, upstream_failure = "", 0, False
         for header in message.response_headers.headers.headers:
             key = header.key.lower()
             if key == wire.CONTENT_TYPE:
@@ -256,6 +319,12 @@ class RequestStream:
             elif key == ":status":
                 text = _header_value(header)
                 status = int(text) if text.isdigit() else 0
+            elif key == wire.UPSTREAM_FAILURE_HEADER:
+                upstream_failure = True
+        if upstream_failure and self._decision is not None:
+            # Envoy could not connect where the EPP sent it: a dead pod, known before a scrape.
+            failed = self._served or self._decision.endpoints[0]
+            self._director.upstream_unreachable(failed, "envoy: upstream connect failure")
         self._usage = UsageReader(content_type)
         if status >= 400 and self._decision is not None and self._metrics is not None:
             request = self._decision.request
@@ -300,6 +369,7 @@ class RequestStream:
                 response_bytes=self._usage.body_bytes if self._usage else 0,
                 input_tokens=usage.prompt_tokens if usage else None,
                 output_tokens=usage.completion_tokens if usage else None,
+                invalid_usage=self._usage is not None and self._usage.invalid,
             )
 
     def close(self) -> None:
@@ -308,5 +378,5 @@ class RequestStream:
             self._closed_metrics = True
             if self._metrics is not None:
                 self._metrics.request_abandoned(self._decision.request.model)
-        self._body = bytearray()
+        self._drop_body()
         structlog.contextvars.unbind_contextvars("request_id")

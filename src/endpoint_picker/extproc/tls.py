@@ -21,6 +21,25 @@ def load_certificate(cert_dir: Path) -> tuple[bytes, bytes]:
         raise ConfigError(f"cannot read TLS material: {exc}", "--cert-path") from exc
 
 
+def load_client_ca(path: Path) -> bytes:
+    """The PEM bundle of CA certificates ext_proc clients must present a certificate from.
+
+    Parsed here so a wrong file fails at start with one line, not as a gRPC core abort or as
+    every handshake failing later.
+    """
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", "--client-ca-file") from exc
+    try:
+        x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", "--client-ca-file"
+        ) from exc
+    return pem
+
+
 def self_signed_certificate(hostnames: tuple[str, ...] = ("localhost",)) -> tuple[bytes, bytes]:
     """A fresh key and a self-signed certificate, valid for ten years (Envoy does not verify)."""
     key = ec.generate_private_key(ec.SECP256R1())

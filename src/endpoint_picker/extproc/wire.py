@@ -12,6 +12,10 @@ SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
 # The response-phase metadata key naming the endpoint that actually served the request.
 SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served"
 
+# Set by the shipped Envoy configs (local_reply_config) on the 503 Envoy answers when it could
+# not connect to the endpoint the EPP picked: the EPP's passive health signal.
+UPSTREAM_FAILURE_HEADER = "x-gateway-upstream-failure"
+
 REQUEST_ID_HEADER = "x-request-id"
 CONTENT_LENGTH = "content-length"
 CONTENT_TYPE = "content-type"

@@ -15,12 +15,15 @@ field                      meaning (value: one or more metric specs, see below)
 ``cache_num_blocks_label`` the label of ``cache_info`` holding the GPU block count
 ``block_size``             block size as a gauge's value (engines without ``cache_info``)
 ``num_gpu_blocks``         GPU block count as a gauge's value
+``model_label``            the label of the ``queue`` series naming the served base model
+                           (one label name; vLLM and SGLang write ``model_name``)
 =========================  =================================================================
 
 A *metric spec* is a metric name with optional label matchers, ``name`` or
 ``name{label="value",other=value}``. A field takes several specs separated by commas outside
 braces; they are fallbacks, the first one present in a payload wins
-(``vllm:kv_cache_usage_perc,vllm:gpu_cache_usage_perc``). An empty value disables the field.
+(``vllm:kv_cache_usage_perc,vllm:gpu_cache_usage_perc``). An empty value disables the field
+(label fields too).
 An engine named only in the overrides starts from an empty table.
 """
 
@@ -77,9 +80,10 @@ class EngineMetricNames:
     cache_num_blocks_label: str = "num_gpu_blocks"
     block_size: Specs = ()
     num_gpu_blocks: Specs = ()
+    model_label: str = "model_name"
 
 
-_LABEL_FIELDS = frozenset({"cache_block_size_label", "cache_num_blocks_label"})
+_LABEL_FIELDS = frozenset({"cache_block_size_label", "cache_num_blocks_label", "model_label"})
 FIELDS = tuple(f.name for f in fields(EngineMetricNames))
 
 
@@ -136,7 +140,7 @@ def apply_overrides(
             raise ConfigError(f"unknown field (expected one of {', '.join(FIELDS)})", path)
         try:
             if key in _LABEL_FIELDS:
-                if not _LABEL_NAME.match(value):
+                if value and not _LABEL_NAME.match(value):
                     raise ConfigError(f"invalid label name {value!r}")
                 changes[key] = value
             else:

@@ -10,7 +10,8 @@ stops at the first line that belongs to another family.
 Aggregation across series (data-parallel ranks differ by an ``engine`` label; any other labels,
 in any order, are ignored unless a spec matches on them): queues and running requests are
 summed, KV usage is averaged, the LoRA series with the largest value (a timestamp) wins, cache
-geometry comes from the first series. Non-finite values (``NaN``, ``+Inf``) are skipped.
+geometry comes from the first series, the base models are every value of the queue series'
+model label. Non-finite values (``NaN``, ``+Inf``) are skipped.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def parse_metrics(text: bytes, names: EngineMetricNames, now: float) -> MetricsS
     running = _first_present(text, names.running)
     kv_values = [value for _, value in kv_usage or ()]
     active, waiting, max_lora = _lora(_first_present(text, names.lora_info))
+    base_models = _label_values(queue, names.model_label) if names.model_label else frozenset()
     block_size, num_blocks = _cache_geometry(text, names)
     return MetricsSnapshot(
         waiting_queue_size=_count(queue),
@@ -64,6 +66,7 @@ def parse_metrics(text: bytes, names: EngineMetricNames, now: float) -> MetricsS
         active_adapters=active,
         waiting_adapters=waiting,
         max_active_adapters=max_lora,
+        base_models=base_models,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         updated_at=now,
@@ -166,9 +169,15 @@ def _matches(block: bytes, spec: MetricSpec) -> bool:
     return all(labels.get(key) == value for key, value in spec.labels)
 
 
-def _lora(samples: list[Sample] | None) -> tuple[frozenset[str], frozenset[str], int]:
+def _label_values(samples: list[Sample] | None, label: str) -> frozenset[str]:
+    values = (parse_labels(block).get(label) for block, _ in samples or () if block)
+    return frozenset(value for value in values if value)
+
+
+def _lora(samples: list[Sample] | None) -> tuple[frozenset[str], frozenset[str], int | None]:
+    """Running and waiting adapters and slots; ``None`` slots when there is no sample yet."""
     if not samples:
-        return frozenset(), frozenset(), 0
+        return frozenset(), frozenset(), None
     block, _ = max(samples, key=lambda sample: sample[1])
     labels = parse_labels(block)
     return (

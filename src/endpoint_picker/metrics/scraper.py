@@ -4,8 +4,12 @@ Each task fetches ``http://<hostport>/metrics`` over its own kept-alive connecti
 a lean HTTP/1.1 client on httptools), parses it with ``parse_metrics`` and hands the new immutable
 snapshot to ``on_snapshot``. A failed scrape (refused, timed out, non-200, a page without the
 required metrics) hands over nothing, so the endpoint keeps its last snapshot and ages into
-staleness; the scheduler judges that. Failures are logged once when they start, then at most
-every ``_LOG_EVERY`` seconds, and once on recovery. A task closes its connection when it ends.
+staleness; the scheduler judges that. A scrape whose connection is refused or reset, or whose
+host is unreachable, is more than a failure: nothing listens there any more (a killed pod), and
+``on_unreachable`` is told at once so that routing stops before the metrics turn stale. A merely
+slow scrape (a timeout) says nothing of the kind. Failures are logged once when they start,
+then at most every ``_LOG_EVERY`` seconds, and once on recovery. A task closes its connection
+when it ends.
 
 Tasks are spread over the interval (a random first delay) and run at a fixed rate; the interval
 is stretched by ``ScrapeBudget`` when the measured cost of scraping every endpoint at
@@ -15,6 +19,7 @@ is stretched by ``ScrapeBudget`` when the measured cost of scraping every endpoi
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -36,8 +41,31 @@ DEFAULT_CPU_BUDGET = 0.5  # a fraction of one core
 _LOG_EVERY = 30.0  # seconds between two reports of one endpoint's ongoing failure
 
 OnSnapshot = Callable[[Endpoint, MetricsSnapshot], None]
+OnUnreachable = Callable[[str, str], None]  # (hostport, reason)
 
-__all__ = ["DEFAULT_CPU_BUDGET", "METRICS_PATH", "OnSnapshot", "ScrapeError", "ScrapeManager"]
+# errno values that mean "no route to the endpoint at all" (a pod IP that is gone)
+_UNREACHABLE_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH})
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether a scrape failure means nothing listens at the endpoint (not merely slow)."""
+    for error in (exc, exc.__cause__):
+        if isinstance(error, ConnectionError):  # refused, reset, aborted, broken pipe
+            return True
+        if isinstance(error, OSError) and error.errno in _UNREACHABLE_ERRNOS:
+            return True
+    return False
+
+
+__all__ = [
+    "DEFAULT_CPU_BUDGET",
+    "METRICS_PATH",
+    "OnSnapshot",
+    "OnUnreachable",
+    "ScrapeError",
+    "ScrapeManager",
+    "is_unreachable",
+]
 
 
 @dataclass(slots=True)
@@ -63,9 +91,11 @@ class ScrapeManager:
         *,
         clock: Callable[[], float] = time.monotonic,
         cpu_budget: float = DEFAULT_CPU_BUDGET,
+        on_unreachable: OnUnreachable | None = None,
     ) -> None:
         self._settings = settings
         self._on_snapshot = on_snapshot
+        self._on_unreachable = on_unreachable
         self._clock = clock
         # Per instance, so that a manager logs through the configuration current at its birth.
         self._log = structlog.get_logger(__name__)
@@ -181,6 +211,8 @@ class ScrapeManager:
         except (OSError, TimeoutError, EppError) as exc:  # refused/reset, timeout, bad page
             self.budget.record(metered.cpu)
             self._failed(target, exc)
+            if self._on_unreachable is not None and is_unreachable(exc):
+                self._on_unreachable(target.endpoint.hostport, f"scrape: {type(exc).__name__}")
             return
         except Exception as exc:  # a bug: keep scraping, say so
             self._failed(target, exc, unexpected=True)

@@ -10,7 +10,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -188,15 +196,23 @@ _REFERENCE_ERROR_CODES = {
     ErrorCode.PAYLOAD_TOO_LARGE: "BadRequest",
     ErrorCode.NOT_FOUND: "BadConfiguration",
     ErrorCode.RESOURCE_EXHAUSTED: "InferencePoolResourceExhausted",
+    ErrorCode.HEADERS_TOO_LARGE: "BadRequest",
     ErrorCode.SERVICE_UNAVAILABLE: "ServiceUnavailable",
     ErrorCode.INTERNAL: "Internal",
 }
 MODEL_SERVER_ERROR = "ModelServerError"  # the model server answered with an error status
-# Clients choose model names: past this many distinct ones, new names are labelled "other",
-# so a stream of made-up names cannot grow /metrics without bound.
+# Clients choose model names: past this many distinct unknown ones, new names are labelled
+# "other", so a stream of made-up names cannot grow /metrics without bound. Names the pool
+# configures are bounded by the pool itself and never count against this budget.
 MAX_MODEL_LABELS = 1000
 MAX_LABEL_LENGTH = 256
 OTHER_MODELS = "other"
+# The pool source's outcomes (datastore.sources.file.ReloadResult, which this layer cannot import)
+POOL_RELOAD_RESULTS = ("applied", "rejected_empty", "invalid")
+
+
+def _nothing_configured(name: str) -> bool:
+    return False
 
 
 class EppMetrics:
@@ -206,9 +222,19 @@ class EppMetrics:
     prometheus_client's, with their label children cached.
     """
 
-    def __init__(self, pool_stats: Callable[[], PoolStats | None] | None = None) -> None:
+    def __init__(
+        self,
+        pool_stats: Callable[[], PoolStats | None] | None = None,
+        is_configured_model: Callable[[str], bool] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # The standard process_* (memory, CPU, open fds) and python_* families that
+        # prometheus_client's global registry would carry; ours is per app, so register them.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self._is_configured = is_configured_model or _nothing_configured
         model_labels = ["model_name", "target_model_name"]
         self.request_total = Counter(
             "inference_model_request",
@@ -227,6 +253,13 @@ class EppMetrics:
             "inference_model_running_requests",
             "Inference model number of running requests in each model.",
             ["model_name"],
+            registry=r,
+        )
+        self.invalid_usage_total = Counter(
+            "inference_extension_model_server_invalid_usage",
+            "Responses whose token usage was not a plausible count (negative, fractional, "
+            "absurdly large or not a number) and was left out of the token histograms.",
+            model_labels,
             registry=r,
         )
         histograms: tuple[tuple[str, str, str, list[str], tuple[float, ...]], ...] = (
@@ -267,8 +300,45 @@ class EppMetrics:
         self._request_total = _Children(self.request_total)
         self._request_error_total = _Children(self.request_error_total)
         self._running_requests = _Children(self.running_requests)
+        self._invalid_usage_total = _Children(self.invalid_usage_total)
         if pool_stats is not None:
             r.register(_PoolCollector(pool_stats))
+        # The pool source (datastore/sources/file.py) reports each settled change it handles.
+        self.pool_reload_total = Counter(
+            "inference_extension_pool_reload",
+            "Settled changes of the pool source by outcome: applied, rejected_empty (would have "
+            "removed every endpoint) or invalid (missing, unreadable or not a valid pool).",
+            ["result"],
+            registry=r,
+        )
+        for result in POOL_RELOAD_RESULTS:  # every outcome exported from the start, at 0
+            self.pool_reload_total.labels(result)
+        self.pool_source_healthy = Gauge(
+            "inference_extension_pool_source_healthy",
+            "1 while the pool source's current content is the pool in force; 0 while it is "
+            "refused and the last good pool is kept.",
+            registry=r,
+        )
+        # The ext_proc server's process-wide limits (extproc/limits.py); the gauges are read
+        # at scrape time through ``track_limits``, so the hot path never touches them.
+        self.buffered_request_bytes = Gauge(
+            "inference_extension_buffered_request_bytes",
+            "Bytes of request bodies held before routing, all ext_proc streams together.",
+            registry=r,
+        )
+        self.ext_proc_streams = Gauge(
+            "inference_extension_ext_proc_streams", "Open ext_proc streams.", registry=r
+        )
+        self.buffer_budget_rejections = Counter(
+            "inference_extension_buffer_budget_rejections",
+            "Requests answered 429 because the buffered request bodies were at their budget.",
+            registry=r,
+        )
+        self.stream_limit_rejections = Counter(
+            "inference_extension_stream_limit_rejections",
+            "ext_proc streams answered 429 because the concurrent-stream limit was reached.",
+            registry=r,
+        )
 
     # -- the scheduler's observer protocol ----------------------------------------------------
 
@@ -285,7 +355,11 @@ class EppMetrics:
     def _label(self, model: str) -> str:
         if model in self._model_labels:
             return model
-        if len(self._model_labels) >= MAX_MODEL_LABELS or len(model) > MAX_LABEL_LENGTH:
+        if len(model) > MAX_LABEL_LENGTH:
+            return OTHER_MODELS
+        if self._is_configured(model):
+            return model
+        if len(self._model_labels) >= MAX_MODEL_LABELS:
             return OTHER_MODELS
         self._model_labels.add(model)
         return model
@@ -311,11 +385,14 @@ class EppMetrics:
         response_bytes: int,
         input_tokens: int | None,
         output_tokens: int | None,
+        invalid_usage: bool = False,
     ) -> None:
         if not model:
             return
         model, target = self._label(model), self._label(target)
         self._running_requests(model).dec()
+        if invalid_usage:
+            self._invalid_usage_total(model, target).inc()
         self.request_duration.labels(model, target).observe(seconds)
         self.response_sizes.labels(model, target).observe(response_bytes)
         if input_tokens:  # as the reference: zero or unknown counts are not observed
@@ -327,6 +404,17 @@ class EppMetrics:
         """A routed request whose stream ended before its response did."""
         if model:
             self._running_requests(self._label(model)).dec()
+
+    def track_limits(
+        self, buffered_bytes: Callable[[], float], open_streams: Callable[[], float]
+    ) -> None:
+        self.buffered_request_bytes.set_function(buffered_bytes)
+        self.ext_proc_streams.set_function(open_streams)
+
+    def pool_reload(self, result: str) -> None:
+        """The pool source's observer: one settled change and its outcome."""
+        self.pool_reload_total.labels(result).inc()
+        self.pool_source_healthy.set(1 if result == "applied" else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -6,11 +6,16 @@ Fed chunk by chunk as they pass; never delays a chunk, never holds more than it 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import orjson
 
 _MAX_JSON_BODY = 8 * 1024 * 1024  # past this a JSON body is not kept for usage
 _MAX_SSE_LINE = 1024 * 1024  # an event line longer than this is dropped unread
+# No request uses more tokens than its model's context window; the longest offered today is
+# 10M tokens (Llama 4 Scout). 2**26 (67M) leaves room for growth, while a larger count is a
+# model-server bug that would swamp the token histograms' sums.
+MAX_TOKENS = 2**26
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,24 +24,49 @@ class Usage:
     completion_tokens: int
 
 
-def _usage_of(obj: object) -> Usage | None:
+class _Invalid(Enum):
+    """A usage report that is there but not a plausible count."""
+
+    USAGE = "invalid"
+
+
+_INVALID = _Invalid.USAGE
+
+
+def _count(value: object) -> int | None:
+    # ``type(...) is int``: JSON ``true`` decodes to a bool, which isinstance calls an int.
+    return value if type(value) is int and 0 <= value <= MAX_TOKENS else None
+
+
+def _usage_of(obj: object) -> Usage | _Invalid | None:
+    """The object's usage; ``None`` when it reports none, ``_INVALID`` when it reports junk."""
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
+    if usage is None:
+        return None
     if not isinstance(usage, dict):
-        return None
+        return _INVALID
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    if prompt is None or completion is None:  # e.g. embeddings report no completion tokens
         return None
-    return Usage(prompt, completion)
+    prompt_count, completion_count = _count(prompt), _count(completion)
+    if prompt_count is None or completion_count is None:
+        return _INVALID
+    return Usage(prompt_count, completion_count)
 
 
 class UsageReader:
-    """Accumulates what it needs of one response body to find its usage."""
+    """Accumulates what it needs of one response body to find its usage.
+
+    The last usage report wins (streams with continuous usage repeat a growing one); when it
+    is not a plausible count, ``usage`` is ``None`` and ``invalid`` is set.
+    """
 
     def __init__(self, content_type: str = "") -> None:
         self.sse = "text/event-stream" in content_type.lower()
         self.usage: Usage | None = None
+        self.invalid = False
         self.body_bytes = 0
         self._pending = bytearray()
         self._overflow = False
@@ -70,7 +100,11 @@ class UsageReader:
                 except orjson.JSONDecodeError:
                     continue
                 if found is not None:
-                    self.usage = found
+                    self._take(found)
+
+    def _take(self, found: Usage | _Invalid | None) -> None:
+        self.invalid = found is _INVALID
+        self.usage = found if isinstance(found, Usage) else None
 
     def finish(self) -> Usage | None:
         """Call at end of stream; returns the usage found, if any."""
@@ -79,7 +113,7 @@ class UsageReader:
                 self._feed_sse(b"\n")
         elif self._pending and not self._overflow:
             try:
-                self.usage = _usage_of(orjson.loads(self._pending))
+                self._take(_usage_of(orjson.loads(self._pending)))
             except orjson.JSONDecodeError:
                 self.usage = None
             self._pending.clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tests.support.pool import pod, pool, pool_yaml
+from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
@@ -49,3 +49,16 @@ def test_updates_for_removed_endpoints_are_dropped_and_listeners_told() -> None:
     store.update_metrics(Endpoint("b", "default", "127.0.0.3", 8000), MetricsSnapshot(updated_at=1))
     assert seen == [("127.0.0.2:8000", "127.0.0.3:8000"), ("127.0.0.2:8000",)]
     assert [s.hostport for s in store.endpoint_states()] == ["127.0.0.2:8000"]
+
+
+def test_configured_model_names_cover_target_models() -> None:
+    """InferenceModel names and their target models are configured; other names are not."""
+    store = Datastore()
+    assert not store.is_configured_model("m")
+    store.apply(parse_pool_text(pool_yaml(pool(), model("m", targets={"m-v1": 1, "m-v2": 0})), "t"))
+    assert [store.is_configured_model(n) for n in ("m", "m-v1", "m-v2", "x")] == [
+        True,
+        True,
+        True,
+        False,
+    ]

@@ -12,6 +12,7 @@ from endpoint_picker.metrics.engines import (
     engine_names,
     parse_specs,
 )
+from endpoint_picker.metrics.parser import parse_metrics
 from endpoint_picker.settings import ScrapeSettings
 
 
@@ -97,6 +98,20 @@ def test_overrides_replace_only_named_fields() -> None:
 def test_empty_override_disables_a_field() -> None:
     """An empty value turns a field off (here: no LoRA metrics are read)."""
     assert engine_names(settings(vllm={"lora_info": ""}))["vllm"].lora_info == ()
+
+
+def test_model_label_defaults_to_model_name_and_can_be_renamed_or_disabled() -> None:
+    """Base models are read from ``model_name``; an override renames it, an empty one disables."""
+    page = b'q{model_name="a",served="b"} 1\nkv 0.1\n'
+    base = {"queue": "q", "kv_usage": "kv"}
+    tables = engine_names(
+        settings(x=base, y={**base, "model_label": "served"}, z={**base, "model_label": ""})
+    )
+    assert [parse_metrics(page, tables[e], now=1.0).base_models for e in "xyz"] == [
+        frozenset({"a"}),
+        frozenset({"b"}),
+        frozenset(),
+    ]
 
 
 def test_new_engine_starts_empty() -> None:

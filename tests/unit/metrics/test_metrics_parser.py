@@ -36,6 +36,7 @@ def test_realistic_vllm_page() -> None:
         active_adapters=frozenset({"sql-lora", "chat-lora"}),
         waiting_adapters=frozenset({"summarize"}),
         max_active_adapters=4,
+        base_models=frozenset({"meta-llama/Llama-3.1-8B-Instruct"}),
         block_size=16,
         num_gpu_blocks=27153,
         updated_at=12.5,
@@ -135,7 +136,22 @@ CASES: list[tuple[str, bytes, dict[str, Any]]] = [
         ),
         {"active_adapters": frozenset(), "max_active_adapters": 4},
     ),
-    ("LoRA absent", page(*base()), {"active_adapters": frozenset(), "max_active_adapters": 0}),
+    # No sample is not "no slots": a fresh vLLM pod reports LoRA info only once it schedules.
+    ("LoRA absent", page(*base()), {"active_adapters": frozenset(), "max_active_adapters": None}),
+    (
+        "LoRA sample without max_lora reads as 0 slots",
+        page(*base(), family(LORA, '{running_lora_adapters="a",waiting_lora_adapters=""} 1.0')),
+        {"active_adapters": frozenset({"a"}), "max_active_adapters": 0},
+    ),
+    (
+        "base models: every model_name of the queue series, escapes decoded",
+        page(
+            family(W, r'{engine="0",model_name="llama \"8B\""} 1', '{engine="1",model_name="q"} 1'),
+            *base()[1:],
+        ),
+        {"base_models": frozenset({'llama "8B"', "q"})},
+    ),
+    ("base models: no labels, none known", page(*base()), {"base_models": frozenset()}),
     (
         "cache geometry; vLLM writes None for unset values",
         page(*base(), family(CACHE, '{block_size="32",engine="0",num_gpu_blocks="None"} 1.0')),

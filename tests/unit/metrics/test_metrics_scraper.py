@@ -335,3 +335,48 @@ async def test_removal_and_stop_close_connections(servers: Any) -> None:
         await manager.stop()
     await until(lambda: b.open_connections == 0)
     assert b.open_connections == 0
+
+
+async def test_a_server_that_goes_away_is_reported_unreachable_at_once(
+    servers: Any, manager_factory: Any
+) -> None:
+    """A refused scrape (a killed pod) reports the endpoint unreachable on that very scrape."""
+    server = await servers("127.0.0.35", vllm_page())
+    unreachable: list[tuple[str, str]] = []
+    recorder = Recorder()
+    manager = await manager_factory(
+        recorder, on_unreachable=lambda h, r: unreachable.append((h, r))
+    )
+    manager.set_endpoints([server.endpoint()])
+    hostport = server.endpoint().hostport
+    await until(lambda: recorder.count(hostport) > 0)
+    assert unreachable == []
+    await server.stop()
+    await until(lambda: bool(unreachable))
+    assert unreachable[0][0] == hostport
+    assert "ConnectionRefusedError" in unreachable[0][1]
+
+
+@pytest.mark.parametrize("failure", ["slow", "status 500", "garbage page"])
+async def test_slow_or_bad_pages_are_not_unreachable(
+    servers: Any, manager_factory: Any, failure: str
+) -> None:
+    """A timeout, an error status or a bad page is a failed scrape, not a dead endpoint."""
+    server = await servers("127.0.0.36", vllm_page())
+    if failure == "slow":
+        server.delay = 30.0
+    elif failure == "status 500":
+        server.status = 500
+    else:
+        server.body = b"<html>hello</html>"
+    unreachable: list[tuple[str, str]] = []
+    with capture_logs() as logs:
+        manager = await manager_factory(
+            Recorder(),
+            ScrapeSettings(refresh_interval=0.02, timeout=0.1),
+            on_unreachable=lambda h, r: unreachable.append((h, r)),
+        )
+        manager.set_endpoints([server.endpoint()])
+        await until(lambda: bool(events(logs, "scrape failed")))
+        await asyncio.sleep(0.1)
+    assert unreachable == []

@@ -28,10 +28,14 @@ def endpoint(
     kv: float = 0.0,
     active: Sequence[str] = (),
     waiting: Sequence[str] = (),
-    max_lora: int = 0,
+    max_lora: int | None = 0,
+    base: Sequence[str] = (),
     age: float | None = 0.0,
 ) -> EndpointState:
-    """One endpoint; ``age`` is how old its metrics are at ``NOW`` (None: never scraped)."""
+    """One endpoint; ``age`` is how old its metrics are at ``NOW`` (None: never scraped).
+
+    ``max_lora=None``: no LoRA info reported; ``base``: the base models its metrics name.
+    """
     n = next(_counter)
     return EndpointState(
         Endpoint(name or f"pod-{n}", "ns", f"10.0.{n // 250}.{n % 250 + 1}", 8000),
@@ -42,6 +46,7 @@ def endpoint(
             active_adapters=frozenset(active),
             waiting_adapters=frozenset(waiting),
             max_active_adapters=max_lora,
+            base_models=frozenset(base),
             updated_at=0.0 if age is None else NOW - age,
         ),
     )

@@ -55,15 +55,42 @@ def test_kv_cache_scorer_is_free_fraction() -> None:
         (["b"], ["a"], 4, 0.8),  # free slot outranks "waiting" (precedence as documented)
         (["b"], ["a"], 2, 0.6),  # waiting, no free slot
         (["b", "c"], [], 2, 0.0),  # full, not here
-        ([], [], 0, 0.0),  # no LoRA support at all
+        ([], [], 0, 0.0),  # reports LoRA info with no slots
+        ([], [], None, 0.7),  # no LoRA info yet: below a known free slot, above waiting
     ],
 )
 def test_lora_affinity_precedence(
-    active: list[str], waiting: list[str], max_lora: int, expected: float
+    active: list[str], waiting: list[str], max_lora: int | None, expected: float
 ) -> None:
-    """LoRA affinity: running 1.0, else free slot 0.8, else waiting 0.6, else 0."""
+    """LoRA affinity: running 1.0, else free slot 0.8, else unknown 0.7, waiting 0.6, else 0."""
     ep = endpoint(active=active, waiting=waiting, max_lora=max_lora)
     assert LoraAffinityScorer().score(request("a"), [ep]) == [expected]
+
+
+def test_base_model_request_is_not_steered_by_lora_state() -> None:
+    """A request for the base model scores every endpoint alike, a pod without LoRA info too."""
+    eps = [
+        endpoint(active=["x"], max_lora=2, base=["llama"]),  # a free slot
+        endpoint(active=["x", "y"], max_lora=2, base=["llama"]),  # full
+        endpoint(max_lora=None, base=["llama"]),  # fresh: no LoRA info sample yet
+        endpoint(max_lora=None, age=None),  # never scraped: no base model known
+    ]
+    assert LoraAffinityScorer().score(request("llama"), eps) == [1.0] * 4
+
+
+def test_adapter_named_like_a_base_model_is_still_an_adapter() -> None:
+    """A target that some candidate runs as an adapter is scored as an adapter request."""
+    eps = [
+        endpoint(active=["llama"], max_lora=2, base=["llama"]),
+        endpoint(active=["x", "y"], max_lora=2, base=["llama"]),
+    ]
+    assert LoraAffinityScorer().score(request("llama"), eps) == [1.0, 0.0]
+
+
+def test_unknown_target_without_base_model_info_keeps_adapter_scoring() -> None:
+    """With no base model reported anywhere, a target is scored as an adapter (as before)."""
+    eps = [endpoint(active=["a"], max_lora=2), endpoint(max_lora=None)]
+    assert LoraAffinityScorer().score(request("a"), eps) == [1.0, 0.7]
 
 
 def test_scorers_keep_endpoint_order() -> None:

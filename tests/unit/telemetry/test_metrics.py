@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from endpoint_picker.errors import ErrorCode
 from endpoint_picker.telemetry.metrics import MAX_MODEL_LABELS, OTHER_MODELS, EppMetrics
+
+
+def families(metrics: EppMetrics) -> list[Metric]:
+    return list(text_string_to_metric_families(metrics.render().decode()))
+
+
+def samples_of(metrics: EppMetrics, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(s.labels, s.value) for f in families(metrics) for s in f.samples if s.name == name]
 
 
 def error_samples(metrics: EppMetrics) -> dict[tuple[str, str], float]:
@@ -28,6 +37,39 @@ def test_made_up_model_names_cannot_grow_metrics_without_bound() -> None:
     samples = error_samples(metrics)
     assert len({model for model, _ in samples}) == MAX_MODEL_LABELS + 1
     assert samples[(OTHER_MODELS, "BadConfiguration")] == 51.0
+
+
+def test_configured_models_keep_their_label_after_the_budget_is_spent() -> None:
+    """Names the pool configures are labelled as themselves however many junk names came first."""
+    configured = {"late-model", "late-model-v2"}
+    metrics = EppMetrics(is_configured_model=configured.__contains__)
+    for i in range(MAX_MODEL_LABELS + 100):
+        metrics.request_failed(f"junk-{i}", f"junk-{i}", ErrorCode.NOT_FOUND)
+    metrics.request_started("late-model", "late-model-v2", 10)
+    metrics.request_failed("late-model", "late-model-v2", ErrorCode.SERVICE_UNAVAILABLE)
+    assert error_samples(metrics)[("late-model", "ServiceUnavailable")] == 1.0
+    totals = samples_of(metrics, "inference_model_request_total")
+    assert totals == [({"model_name": "late-model", "target_model_name": "late-model-v2"}, 1.0)]
+
+
+def test_invalid_usage_is_counted_not_observed() -> None:
+    """A response flagged with invalid usage bumps the counter and leaves the token histograms."""
+    metrics = EppMetrics()
+    metrics.request_started("m", "m", 10)
+    metrics.request_finished(
+        "m", "m", seconds=0.1, response_bytes=5, input_tokens=None, output_tokens=None,
+        invalid_usage=True,
+    )  # fmt: skip
+    labels = {"model_name": "m", "target_model_name": "m"}
+    invalid = samples_of(metrics, "inference_extension_model_server_invalid_usage_total")
+    assert invalid == [(labels, 1.0)]
+    assert samples_of(metrics, "inference_model_input_tokens_count") == []
+
+
+def test_process_metrics_are_exported() -> None:
+    """The standard process_* families (memory, open fds) are on the EPP's own registry."""
+    names = {s.name for f in families(EppMetrics()) for s in f.samples}
+    assert {"process_resident_memory_bytes", "process_open_fds", "python_info"} <= names
 
 
 def test_error_codes_use_the_reference_names() -> None:

@@ -63,17 +63,28 @@ class LoraAffinityScorer:
     """Prefers endpoints where the request's adapter (``target_model``) is cheap to serve.
 
     In this precedence: the adapter is running (1.0); else a free adapter slot, counting
-    adapters both running and waiting to load (0.8); else the adapter is waiting to load
-    (0.6); else 0. A free slot ranks above "waiting" because a waiting adapter sits behind a
-    full set of running ones. A base model (no adapter) scores 0.8 where slots are free and 0
-    elsewhere, which only matters when the pool mixes LoRA and non-LoRA servers.
+    adapters both running and waiting to load (0.8); else no LoRA info reported yet (0.7);
+    else the adapter is waiting to load (0.6); else 0. A free slot ranks above "waiting"
+    because a waiting adapter sits behind a full set of running ones. An endpoint without
+    LoRA info has no adapter loaded and probably free slots (a fresh pod), but that is a guess,
+    so it ranks just below a known free slot.
+
+    A base-model request (its target model is some candidate's base model and no candidate's
+    adapter) has nothing to load: every endpoint scores 1.0, so LoRA state never steers it.
     """
 
-    __slots__ = ("_free_slot", "_running", "_waiting")
+    __slots__ = ("_free_slot", "_running", "_unknown", "_waiting")
 
-    def __init__(self, running: float = 1.0, free_slot: float = 0.8, waiting: float = 0.6) -> None:
+    def __init__(
+        self,
+        running: float = 1.0,
+        free_slot: float = 0.8,
+        unknown: float = 0.7,
+        waiting: float = 0.6,
+    ) -> None:
         self._running = running
         self._free_slot = free_slot
+        self._unknown = unknown
         self._waiting = waiting
 
     @classmethod
@@ -82,11 +93,20 @@ class LoraAffinityScorer:
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         adapter = request.target_model
-        running, free_slot, waiting = self._running, self._free_slot, self._waiting
+        if _is_base_model(adapter, endpoints):
+            return [self._running] * len(endpoints)
+        running, free_slot, unknown, waiting = (
+            self._running,
+            self._free_slot,
+            self._unknown,
+            self._waiting,
+        )
         # "for m in (e.metrics,)" is a plain assignment inside a comprehension (CPython >= 3.9).
         return [
             running
             if adapter in m.active_adapters
+            else unknown
+            if m.max_active_adapters is None
             else free_slot
             if len(m.active_adapters) + len(m.waiting_adapters) < m.max_active_adapters
             else waiting
@@ -95,3 +115,18 @@ class LoraAffinityScorer:
             for e in endpoints
             for m in (e.metrics,)
         ]
+
+
+def _is_base_model(model: str, endpoints: Sequence[EndpointState]) -> bool:
+    """``model`` is a candidate's base model and no candidate's adapter.
+
+    Checked across candidates, not per endpoint: an endpoint not scraped yet knows no base
+    model, and must not be told apart from the others for it.
+    """
+    if not any(model in e.metrics.base_models for e in endpoints):
+        return False
+    return not any(
+        model in m.active_adapters or model in m.waiting_adapters
+        for e in endpoints
+        for m in (e.metrics,)
+    )
