@@ -1,6 +1,11 @@
 """CPU cost of one request through the ext_proc state machine (no gRPC, no network).
 
 Run: .venv/bin/python benchmarks/bench_stream.py [--endpoints 16] [--requests 20000]
+         [--config deploy/examples/scheduler-config.yaml] [--chat-kb 200]
+
+``--chat-kb N`` sends a chat request of about N KB (a long conversation) instead of a short
+completion: with a prefix-cache profile that measures hashing a long prompt on the request
+path. ``--config`` takes an EndpointPickerConfig (default: the built-in default profile).
 
 Feeds ``RequestStream`` the messages Envoy sends for one full-duplex request (headers, one body
 chunk, response headers, one response chunk) and reports microseconds per request, split into
@@ -13,6 +18,7 @@ import argparse
 import random
 import statistics
 import time
+from pathlib import Path
 
 from tests.support.extproc import body, headers, json_body, response_body, response_headers
 from tests.support.pool import model, pod, pool, pool_yaml
@@ -21,14 +27,14 @@ from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
 from endpoint_picker.director import Director
 from endpoint_picker.extproc.stream import RequestStream
-from endpoint_picker.scheduling import build_scheduling
+from endpoint_picker.scheduling import build_scheduling, load_config
 from endpoint_picker.settings import SchedulingSettings
 from endpoint_picker.telemetry.logs import configure_logging
 from endpoint_picker.telemetry.metrics import EppMetrics
 from endpoint_picker.types import MetricsSnapshot
 
 
-def build(endpoints: int) -> tuple[Director, EppMetrics]:
+def build(endpoints: int, config_text: str | None) -> tuple[Director, EppMetrics]:
     pods = [pod(f"p{i}", f"127.0.{i // 250}.{i % 250 + 2}") for i in range(endpoints)]
     store = Datastore()
     store.apply(
@@ -48,21 +54,39 @@ def build(endpoints: int) -> tuple[Director, EppMetrics]:
         )
     metrics = EppMetrics()
     parts = build_scheduling(
-        None, settings=SchedulingSettings(), staleness_threshold=2.0, observer=metrics
+        None if config_text is None else load_config(config_text),
+        settings=SchedulingSettings(),
+        staleness_threshold=2.0,
+        observer=metrics,
     )
-    return Director(store, parts.scheduler, parts.saturation_detector), metrics
+    director = Director(
+        store, parts.scheduler, parts.saturation_detector, lifecycle=parts.lifecycle
+    )
+    return director, metrics
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoints", type=int, default=16)
     parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--config", type=Path, help="an EndpointPickerConfig file")
+    parser.add_argument("--chat-kb", type=int, default=0, help="a chat prompt of this size")
     args = parser.parse_args()
     configure_logging("text", "info")
-    director, metrics = build(args.endpoints)
-    prompt = json_body({"model": "m", "prompt": "word " * 200, "max_tokens": 100})
+    director, metrics = build(args.endpoints, args.config.read_text() if args.config else None)
+    if args.chat_kb:
+        turn = "The quick brown fox jumps over the lazy dog. " * 22  # about 1 KB
+        messages_json = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": turn}
+            for i in range(args.chat_kb)
+        ]
+        prompt = json_body({"model": "m", "messages": messages_json, "max_tokens": 100})
+        path = "/v1/chat/completions"
+    else:
+        prompt = json_body({"model": "m", "prompt": "word " * 200, "max_tokens": 100})
+        path = "/v1/completions"
     messages = [
-        headers(extra={"x-request-id": "bench"}),
+        headers(path, extra={"x-request-id": "bench"}),
         body(prompt),
         response_headers(),
         response_body(b'{"usage": {"prompt_tokens": 200, "completion_tokens": 100}}'),
@@ -79,7 +103,7 @@ def main() -> None:
     median = statistics.median(samples) * 1e6
     p99 = samples[int(len(samples) * 0.99)] * 1e6
     print(
-        f"endpoints={args.endpoints} requests={args.requests}: "
+        f"endpoints={args.endpoints} requests={args.requests} body={len(prompt)} bytes: "
         f"median {median:.1f} us, p99 {p99:.1f} us per request (state machine + director)"
     )
 

@@ -121,6 +121,12 @@ class App:
             rng=self._rng,
             observer=self.metrics,
         )
+        lifecycle = components.lifecycle
+        self.inflight = components.inflight  # the EPP's own in-flight count (tests, status)
+        # plugins that remember endpoints (the prefix index) forget the ones that leave
+        self.datastore.on_endpoints_changed(
+            lambda endpoints: lifecycle.endpoints_changed(e.hostport for e in endpoints)
+        )
         return Director(
             self.datastore,
             components.scheduler,
@@ -128,6 +134,9 @@ class App:
             allow_unknown_models=self.settings.pool.allow_unknown_models,
             extra_paths=self.settings.server.extra_inference_paths,
             rng=self._rng,
+            lifecycle=components.lifecycle,
+            request_headers=components.request_headers,
+            session_tokens=components.session_tokens,
         )
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:

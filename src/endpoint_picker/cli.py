@@ -1,4 +1,4 @@
-"""The ``epp`` command: ``serve``, ``validate``, ``sim`` and ``--version``.
+"""The ``epp`` command: ``serve``, ``validate``, ``sim``, ``bench`` and ``--version``.
 
 Flags are parsed into ``Settings`` here and nowhere else. Bad input: one line, exit 2.
 """
@@ -239,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pool_flags(validate)
     validate.add_argument("--config-file", type=Path, help="an EndpointPickerConfig YAML file")
     sub.add_parser("sim", help="run simulated vLLM servers (see `epp sim --help`)", add_help=False)
+    sub.add_parser("bench", help="measure routing quality (see `epp bench --help`)", add_help=False)
     sub.add_parser(
         "envoy-config",
         help="render an Envoy config (see `epp envoy-config --help`)",
@@ -390,6 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from endpoint_picker_sim.cli import main as sim_main
 
         return int(sim_main(argv[1:]))
+    if argv[:1] == ["bench"]:
+        from endpoint_picker.bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
     if argv[:1] == ["envoy-config"]:
         from endpoint_picker.envoy_config import main as envoy_config_main
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -37,6 +37,7 @@ from endpoint_picker.requests import (
     parse_request,
 )
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult
+from endpoint_picker.scheduling.lifecycle import Lifecycle
 from endpoint_picker.types import Criticality, EndpointState, parse_hostport
 
 log = structlog.get_logger(__name__)
@@ -122,8 +123,14 @@ class Director:
         allow_unknown_models: bool | None = None,
         extra_paths: Iterable[str] = (),
         rng: random.Random | None = None,
+        lifecycle: Lifecycle | None = None,
+        request_headers: Iterable[str] = (),
+        session_tokens: bool = False,
     ) -> None:
         self._pool = pool
+        self._lifecycle = lifecycle or Lifecycle()
+        self._request_headers = frozenset(h.lower() for h in request_headers)
+        self._session_tokens = session_tokens
         self._extra_paths = frozenset(normalize_path(p) for p in extra_paths)
         self._scheduler = scheduler
         self._saturation = saturation
@@ -148,17 +155,36 @@ class Director:
         names = self._pool.model_names()
         return sorted(names) if names else None
 
+    def finished(self, request_id: str, ok: bool) -> None:
+        """A routed request's response ended (``ok``) or its stream closed first: once each."""
+        self._lifecycle.finished(request_id, ok)
+
     def upstream_unreachable(self, hostport: str, reason: str) -> None:
         """Envoy could not connect to an endpoint the EPP picked: stop picking it for now."""
         self._pool.mark_unreachable(hostport, reason)
 
+    @property
+    def request_headers(self) -> frozenset[str]:
+        """The request headers the scheduler reads (lower-case); the stream collects these."""
+        return self._request_headers
+
+    @property
+    def session_tokens(self) -> bool:
+        """Whether responses carry ``x-session-token`` (a session-affinity plugin is on)."""
+        return self._session_tokens
+
     def route(
-        self, request_id: str, path: str, raw_body: bytes, subset: Sequence[str] | None
+        self,
+        request_id: str,
+        path: str,
+        raw_body: bytes,
+        subset: Sequence[str] | None,
+        headers: Mapping[str, str] | None = None,
     ) -> RoutingDecision:
         """Route a request with a body; raises a ``RequestError`` subclass."""
         request: LLMRequest | None = None
         try:
-            request = parse_request(request_id, self.resolve_api(path), raw_body)
+            request = parse_request(request_id, self.resolve_api(path), raw_body, headers)
             request = self._resolve_model(request)
             return self._schedule(request, subset)
         except RequestError as exc:
@@ -250,8 +276,10 @@ class Director:
         body = request.raw_body
         if request.target_model != request.model:
             body = _rewrite_model(request.raw_body, request.target_model)
-        return RoutingDecision(
+        decision = RoutingDecision(
             request=request,
             endpoints=tuple(s.hostport for s in result.endpoints),
             body=body,
         )
+        self._lifecycle.routed(request, decision.endpoints[0])
+        return decision

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -63,6 +64,8 @@ class LLMRequest:
     target_model: str = ""
     criticality: Criticality = Criticality.STANDARD
     stream: bool = False
+    # the request headers the scheduler asked for (session ids, tokens), lower-case names
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def prompt_text(self) -> str:
@@ -75,7 +78,9 @@ class LLMRequest:
         return ""
 
 
-def parse_request(request_id: str, api: Api, raw_body: bytes) -> LLMRequest:
+def parse_request(
+    request_id: str, api: Api, raw_body: bytes, headers: Mapping[str, str] | None = None
+) -> LLMRequest:
     """Parse and validate a request body for ``api``; raise ``BadRequestError``."""
     try:
         body = orjson.loads(raw_body)
@@ -106,4 +111,5 @@ def parse_request(request_id: str, api: Api, raw_body: bytes) -> LLMRequest:
         body=body,
         target_model=model,
         stream=body.get("stream") is True,
+        headers=headers or {},
     )

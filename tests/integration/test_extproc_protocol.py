@@ -187,7 +187,13 @@ async def test_admin_paths_are_404_on_the_headers(tmp_path: Path, path: str, met
 async def test_envoy_connect_failure_takes_the_endpoint_out(tmp_path: Path) -> None:
     """Envoy's connect-failure 503 for the picked endpoint: later requests go elsewhere."""
     raw = json_body({"model": "m", "prompt": "x"})
-    async with running_app(make_settings(tmp_path, BASIC)) as (app, client):
+    settings = make_settings(tmp_path, BASIC)
+    # nothing listens at the pods: scrapes hours apart, so only Envoy's report can mark them
+    settings = replace(
+        settings,
+        scrape=replace(settings.scrape, refresh_interval=3600, staleness_threshold=36000),
+    )
+    async with running_app(settings) as (app, client):
         out = await client.exchange(
             [
                 headers(),

@@ -119,6 +119,13 @@ def error_body(code: ErrorCode, message: str) -> bytes:
     )
 
 
+def response_headers_with(key: str, value: str) -> pb.ProcessingResponse:
+    """Continue the response, with one header set (the session token)."""
+    response = pb.ProcessingResponse()
+    _set_header(response.response_headers.response.header_mutation, key, value.encode())
+    return response
+
+
 def immediate_json(status: int, body: bytes, details: str) -> pb.ProcessingResponse:
     """An answer from the EPP itself (``GET /v1/models``): the request goes nowhere."""
     response = pb.ProcessingResponse()

@@ -30,6 +30,7 @@ from endpoint_picker.errors import (
 from endpoint_picker.extproc import responses, wire
 from endpoint_picker.extproc.limits import BodyBudget
 from endpoint_picker.requests import Api
+from endpoint_picker.scheduling.plugins.session import SESSION_TOKEN_HEADER, session_token
 from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
 from endpoint_picker.telemetry.usage import UsageReader
 
@@ -61,6 +62,7 @@ def _metadata_string(request: pb.ProcessingRequest, namespace: str, key: str) ->
 
 _MAX_REQUEST_ID = 128
 _MAX_ERROR_MESSAGE = 1000
+_MAX_SCHEDULER_HEADER = 256  # a session id or token longer than this is cut
 # Envoy's defaults (max_headers_count, max_request_headers_kb); the shipped configs give Envoy
 # more, so the EPP's 431 comes before Envoy's empty answer.
 DEFAULT_MAX_HEADERS = 100
@@ -124,6 +126,7 @@ class RequestStream:
         self._request_id = ""
         self._spoofed: list[str] = []
         self._subset: list[str] | None = None
+        self._headers: dict[str, str] = {}
         self._body = bytearray()
         self._decision: RoutingDecision | None = None
         self._received_at = 0.0
@@ -179,6 +182,7 @@ class RequestStream:
     def _on_request_headers(self, message: pb.ProcessingRequest) -> Responses:
         headers = message.request_headers
         header_bytes, has_content_length = 0, False
+        wanted = self._director.request_headers
         for header in headers.headers.headers:
             key = header.key.lower()
             header_bytes += len(key) + len(header.raw_value or header.value)
@@ -193,6 +197,8 @@ class RequestStream:
             ):
                 # a client may never choose the upstream (the destination itself is overwritten)
                 self._spoofed.append(key)
+            elif key in wanted:  # what the scheduler reads: session ids and tokens
+                self._headers[key] = _header_value(header)[:_MAX_SCHEDULER_HEADER]
         self._received_at = self._clock()
         if not self._request_id:
             self._request_id = uuid.uuid4().hex
@@ -269,7 +275,9 @@ class RequestStream:
     def _route_body(self, end_of_stream: bool) -> Responses:
         raw = bytes(self._body)
         self._drop_body()
-        decision = self._director.route(self._request_id, self._path, raw, self._subset)
+        decision = self._director.route(
+            self._request_id, self._path, raw, self._subset, self._headers
+        )
         self._routed(decision)
         if self._request_mode == BUFFERED:
             new_body = decision.body if decision.body is not raw else None
@@ -331,6 +339,10 @@ class RequestStream:
             self._metrics.request_failed(request.model, request.target_model, MODEL_SERVER_ERROR)
         if message.response_headers.end_of_stream:
             self._finish_response()
+        if self._director.session_tokens and self._decision is not None:
+            # the reference's session contract: the token names the endpoint that served
+            token = session_token(self._served or self._decision.endpoints[0])
+            return [responses.response_headers_with(SESSION_TOKEN_HEADER, token)]
         return [responses.CONTINUE_RESPONSE_HEADERS]
 
     def _on_response_body(self, message: pb.ProcessingRequest) -> Responses:
@@ -352,6 +364,7 @@ class RequestStream:
             return
         self._closed_metrics = True
         request = self._decision.request
+        self._director.finished(request.request_id, ok=True)
         usage = self._usage.finish() if self._usage else None
         served = self._served or self._decision.endpoints[0]
         log.debug(
@@ -376,6 +389,7 @@ class RequestStream:
         """The stream ended (normally or cancelled): release what a routed request holds."""
         if self._decision is not None and not self._closed_metrics:
             self._closed_metrics = True
+            self._director.finished(self._decision.request.request_id, ok=False)
             if self._metrics is not None:
                 self._metrics.request_abandoned(self._decision.request.model)
         self._drop_body()

@@ -13,7 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -36,6 +36,12 @@ from endpoint_picker.scheduling.framework import (
     Scorer,
     WeightedScorer,
 )
+from endpoint_picker.scheduling.lifecycle import (
+    InFlight,
+    Lifecycle,
+    LifecycleListener,
+    PoolListener,
+)
 from endpoint_picker.scheduling.plugins import SingleProfileHandler, register_builtins
 from endpoint_picker.scheduling.registry import PluginContext, PluginRegistry
 from endpoint_picker.scheduling.saturation import SaturationDetector
@@ -51,10 +57,17 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SchedulingComponents:
-    """What the director needs: the scheduler and the saturation detector."""
+    """What the director needs: the scheduler, the saturation detector, and the lifecycle
+    events the plugins that learn from traffic (and the in-flight counter) subscribe to."""
 
     scheduler: Scheduler
     saturation_detector: SaturationDetector
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    inflight: InFlight = field(default_factory=InFlight)
+    # request headers some plugin reads (session ids), and whether responses carry a session
+    # token: the ext_proc stream collects and sets these
+    request_headers: frozenset[str] = frozenset()
+    session_tokens: bool = False
 
 
 def default_registry() -> PluginRegistry:
@@ -98,6 +111,7 @@ def build_scheduling(
         staleness_threshold=staleness_threshold,
         clock=clock,
         rng=rng if rng is not None else random.Random(),
+        observer=observer,
     )
     built = _build(config or default_config(), context, registry or default_registry(), observer)
     return built.components
@@ -214,7 +228,22 @@ def _build(
     if not isinstance(detector, SaturationDetector):  # a replaced built-in gone wrong
         raise ConfigError(f'"{DEFAULT_DETECTOR}" is not a saturation detector', "<default>")
     scheduler = Scheduler(profiles, handler, observer=observer)
-    return _Assembly(SchedulingComponents(scheduler, detector), detector_name, handler_name)
+    plugins = [entry.ref.plugin for entry in built.values()]
+    lifecycle = Lifecycle(
+        [context.inflight, *(p for p in plugins if isinstance(p, LifecycleListener))],
+        [p for p in plugins if isinstance(p, PoolListener)],
+    )
+    components = SchedulingComponents(
+        scheduler,
+        detector,
+        lifecycle,
+        context.inflight,
+        request_headers=frozenset(
+            h for p in plugins for h in getattr(p, "request_headers", frozenset())
+        ),
+        session_tokens=any(getattr(p, "issues_session_tokens", False) for p in plugins),
+    )
+    return _Assembly(components, detector_name, handler_name)
 
 
 def _at_most_one(found: Sequence[tuple[str, object]], what: str, path: str) -> None:

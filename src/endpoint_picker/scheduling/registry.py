@@ -11,9 +11,10 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.scheduling.lifecycle import InFlight
 from endpoint_picker.settings import SchedulingSettings, parse_duration
 
 _TYPE_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -27,6 +28,10 @@ class PluginContext:
     staleness_threshold: float  # seconds; the scrape staleness threshold
     clock: Callable[[], float]  # monotonic seconds, comparable with MetricsSnapshot.updated_at
     rng: random.Random
+    # the EPP's own count of requests in flight per endpoint, shared by every plugin
+    inflight: InFlight = field(default_factory=InFlight)
+    # the EPP's metrics, for plugins that report more than their timing (None in tests)
+    observer: object | None = None
 
     @property
     def max_endpoints(self) -> int:
@@ -82,6 +87,15 @@ class Params:
             raise ConfigError(f"must be an integer{bounds}, got {value!r}", self.path(key))
         if minimum is not None and value < minimum:
             raise ConfigError(f"must be an integer{bounds}, got {value!r}", self.path(key))
+        return value
+
+    def string(self, key: str, default: str) -> str:
+        """A non-empty string."""
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"must be a non-empty string, got {value!r}", self.path(key))
         return value
 
     def duration(self, key: str, default: float) -> float:

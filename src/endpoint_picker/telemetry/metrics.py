@@ -130,6 +130,7 @@ _INPUT_TOKEN_BUCKETS = (
     1048576,
 )
 _OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
@@ -284,6 +285,9 @@ class EppMetrics:
              "Plugin processing latency distribution in seconds for each extension point, "
              "plugin type and plugin name.",
              ["extension_point", "plugin_type", "plugin_name"], _SCHEDULER_BUCKETS),
+            ("prefix_hit_ratio", "inference_extension_prefix_indexer_hit_ratio",
+             "Ratio of prefix length matched to the request's prefix length (the best "
+             "endpoint's match, per request).", [], _RATIO_BUCKETS),
         )  # fmt: skip
         for attribute, name, doc, labels, buckets in histograms:
             histogram = LoopHistogram(name, doc, labels, buckets)
@@ -296,6 +300,12 @@ class EppMetrics:
         self.output_tokens: LoopHistogram
         self.scheduler_e2e: LoopHistogram
         self.plugin_durations: LoopHistogram
+        self.prefix_hit_ratio: LoopHistogram
+        self.prefix_indexer_size = Gauge(
+            "inference_extension_prefix_indexer_size",
+            "Size of the prefix indexer: block hashes held over every endpoint.",
+            registry=r,
+        )
         self._model_labels: set[str] = set()
         self._request_total = _Children(self.request_total)
         self._request_error_total = _Children(self.request_error_total)
@@ -404,6 +414,14 @@ class EppMetrics:
         """A routed request whose stream ended before its response did."""
         if model:
             self._running_requests(self._label(model)).dec()
+
+    # -- the prefix-cache scorer's observer (scheduling.prefix) ------------------------------
+
+    def prefix_hit_ratio_observed(self, ratio: float) -> None:
+        self.prefix_hit_ratio.observe(ratio)
+
+    def track_prefix_index(self, size: Callable[[], float]) -> None:
+        self.prefix_indexer_size.set_function(size)
 
     def track_limits(
         self, buffered_bytes: Callable[[], float], open_streams: Callable[[], float]

@@ -40,7 +40,7 @@ BAD_CONFIGS = [
     (
         cfg("plugins:\n- type: queue-scorer\n- type: foo\n"),
         "plugins[1].type",
-        'unknown plugin type "foo" (known: kv-cache-utilization-scorer, lora-affinity-scorer,',
+        'unknown plugin type "foo" (known: bounded-load-filter, inflight-load-scorer, kv-cache-utilization-scorer,',
     ),
     (
         cfg("plugins:\n- type: queue-scorer\n- type: queue-scorer\n"),

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from endpoint_picker.scheduling.plugins.affinity import (
+    BoundedLoadFilter,
+    InFlightLoadScorer,
+    PrefixCacheScorer,
+)
 from endpoint_picker.scheduling.plugins.filters import StaleMetricsFilter
 from endpoint_picker.scheduling.plugins.handlers import SingleProfileHandler
 from endpoint_picker.scheduling.plugins.pickers import (
@@ -15,16 +20,21 @@ from endpoint_picker.scheduling.plugins.scorers import (
     QueueScorer,
     RunningRequestsSizeScorer,
 )
+from endpoint_picker.scheduling.plugins.session import SessionAffinityScorer
 from endpoint_picker.scheduling.registry import PluginRegistry
 from endpoint_picker.scheduling.saturation import UtilizationDetector
 
 __all__ = [
+    "BoundedLoadFilter",
+    "InFlightLoadScorer",
     "KVCacheUtilizationScorer",
     "LoraAffinityScorer",
     "MaxScorePicker",
+    "PrefixCacheScorer",
     "QueueScorer",
     "RandomPicker",
     "RunningRequestsSizeScorer",
+    "SessionAffinityScorer",
     "SingleProfileHandler",
     "StaleMetricsFilter",
     "UtilizationDetector",
@@ -45,3 +55,7 @@ def register_builtins(registry: PluginRegistry) -> None:
     registry.register("weighted-random-picker", WeightedRandomPicker.from_params)
     registry.register("utilization-detector", UtilizationDetector.from_params)
     registry.register("single-profile-handler", SingleProfileHandler.from_params)
+    registry.register("bounded-load-filter", BoundedLoadFilter.from_params)
+    registry.register("inflight-load-scorer", InFlightLoadScorer.from_params)
+    registry.register("prefix-cache-scorer", PrefixCacheScorer.from_params)
+    registry.register("session-affinity-scorer", SessionAffinityScorer.from_params)

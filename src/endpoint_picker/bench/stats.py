@@ -1,0 +1,186 @@
+"""Percentiles, one ``Summary`` per target and rate, and the check that a run measured the router.
+
+A run is only worth comparing if the requests went out when the workload said and the simulated
+GPUs kept their clocks: on two shared cores either can slip, and then the router is blamed for
+the machine. ``validity`` names every such slip; a run with a reason is shown but marked invalid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from endpoint_picker.bench.client import PREVIOUS_TURN_FAILED
+from endpoint_picker.bench.model import RequestRecord, TargetResult
+
+# A run is invalid past these (see ``validity``).
+SEND_SPAN_LIMIT = 0.05  # sends spread 5% wider than their due times: the offered rate was lower
+SEND_LAG_LIMIT = 0.05  # mean send lag as a share of the mean gap between arrivals
+SEND_LAG_FLOOR = 0.002  # seconds; a lag under the event loop's timer resolution reshapes nothing
+STEP_LATE_LIMIT = 0.05  # sim:step_late_seconds / sim:step_planned_seconds over the fleet
+STEP_BEHIND_LIMIT = 0.01  # sim:step_behind_seconds / planned: >1% of simulated GPU time lost
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``values``, ``None`` when there are none.
+
+    Linear interpolation between the closest ranks, as ``numpy.percentile``'s default: the
+    sorted values sit at ranks 0..n-1 and rank ``q/100 * (n-1)`` is interpolated.
+    """
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = q / 100 * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """One target at one rate, in the table's terms. Latencies in seconds; ``None``: no data.
+
+    ``errors`` counts failed requests by kind: the HTTP status (``"503"``), ``"connection"`` (no
+    HTTP answer), ``"stream"`` (a 200 whose stream broke or carried an error), ``"skipped"`` (a
+    chat turn whose previous turn failed). ``requests_per_s`` and ``output_tokens_per_s`` are over
+    the span from the first send to the last successful finish. ``load_ratio`` is the busiest
+    server's requests over the mean (1.0 is perfectly even); ``hit_rate`` is prefix-cache hit
+    tokens over queried tokens, over the whole fleet.
+    """
+
+    target: str
+    workload: str
+    rate: float
+    sent: int
+    completed: int
+    errors: dict[str, int]
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None
+    tpot_p90: float | None
+    e2e_p50: float | None
+    e2e_p90: float | None
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    hit_rate: float | None
+    per_server: tuple[tuple[str, int], ...]
+    load_ratio: float | None
+    valid: bool
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+def error_kind(record: RequestRecord) -> str:
+    """How a failed request failed (the keys of ``Summary.errors``)."""
+    if record.error == PREVIOUS_TURN_FAILED:
+        return "skipped"
+    if record.status == 0:
+        return "connection"
+    if record.status == 200:
+        return "stream"
+    return str(record.status)
+
+
+def summarize(result: TargetResult) -> Summary:
+    records = result.records
+    ok = [r for r in records if r.ok]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    tpot = [t for r in ok if (t := r.tpot) is not None]
+    e2e = [r.e2e for r in ok if r.e2e is not None]
+    span = _span(records, ok)
+    servers = result.fleet.servers
+    queries = sum(s.prefix_cache_queries for s in servers)
+    hits = sum(s.prefix_cache_hits for s in servers)
+    served = [s.requests for s in servers]
+    mean_load = sum(served) / len(served) if served else 0.0
+    reasons = validity(result)
+    return Summary(
+        target=result.target,
+        workload=result.workload,
+        rate=result.rate,
+        sent=sum(1 for r in records if r.error != PREVIOUS_TURN_FAILED),
+        completed=len(ok),
+        errors=dict(sorted(Counter(error_kind(r) for r in records if not r.ok).items())),
+        ttft_p50=percentile(ttft, 50),
+        ttft_p90=percentile(ttft, 90),
+        ttft_p99=percentile(ttft, 99),
+        tpot_p50=percentile(tpot, 50),
+        tpot_p90=percentile(tpot, 90),
+        e2e_p50=percentile(e2e, 50),
+        e2e_p90=percentile(e2e, 90),
+        requests_per_s=len(ok) / span if span else None,
+        output_tokens_per_s=sum(r.output_tokens for r in ok) / span if span else None,
+        hit_rate=hits / queries if queries else None,
+        per_server=tuple((s.name, s.requests) for s in servers),
+        load_ratio=max(served) / mean_load if mean_load else None,
+        valid=not reasons,
+        reasons=tuple(reasons),
+        notes=result.notes,
+    )
+
+
+def _span(records: Sequence[RequestRecord], ok: Sequence[RequestRecord]) -> float | None:
+    """Seconds from the first send to the last successful finish; ``None`` if not positive."""
+    if not ok:
+        return None
+    first = min(r.sent_at for r in records)
+    last = max(r.sent_at + (r.e2e or 0.0) for r in ok)
+    return last - first if last > first else None
+
+
+def validity(result: TargetResult) -> list[str]:
+    """Why ``result`` does not measure the router (empty: it does). Definitions:
+
+    - **the offered rate slipped**: the sends span (last send - first send) is more than
+      ``SEND_SPAN_LIMIT`` (5%) longer than the due span (last due - first due): the client
+      fell behind and the fleet saw a lower rate than asked.
+    - **sends lagged**: the mean send lag (``sent_at - due_at``) is more than ``SEND_LAG_LIMIT``
+      (5%) of the mean gap between arrivals (due span / (n - 1)), and more than
+      ``SEND_LAG_FLOOR`` (2 ms, the event loop's timer resolution), so arrivals were reshaped.
+      Chat turns are due when their previous turn finished, so waiting for it is not lag.
+    - **the simulated fleet's clock slipped**: over the fleet, ``sim:step_late_seconds`` over
+      ``sim:step_planned_seconds`` (deltas over the run) is above ``STEP_LATE_LIMIT`` (5%), or
+      ``sim:step_behind_seconds`` grew by more than ``STEP_BEHIND_LIMIT`` (1%) of the planned time
+      (simulated GPU time was lost).
+      Skipped for servers without these series (a real vLLM).
+    - **nothing completed**.
+
+    Skipped chat turns (their previous turn failed) were never sent and are left out.
+    """
+    reasons: list[str] = []
+    sent = sorted(
+        (r for r in result.records if r.error != PREVIOUS_TURN_FAILED), key=lambda r: r.due_at
+    )
+    if not any(r.ok for r in result.records):
+        reasons.append("no request completed")
+    if len(sent) >= 2:
+        due_span = sent[-1].due_at - sent[0].due_at
+        send_span = max(r.sent_at for r in sent) - min(r.sent_at for r in sent)
+        if due_span > 0 and send_span > due_span * (1 + SEND_SPAN_LIMIT):
+            reasons.append(
+                f"load generator slipped: sends spanned {send_span:.2f} s for {due_span:.2f} s"
+                f" of arrivals (+{send_span / due_span - 1:.1%})"
+            )
+        gap = due_span / (len(sent) - 1)
+        lag = sum(r.sent_at - r.due_at for r in sent) / len(sent)
+        if lag > max(gap * SEND_LAG_LIMIT, SEND_LAG_FLOOR):
+            reasons.append(
+                f"load generator lagged: mean send lag {lag * 1e3:.1f} ms"
+                f" = {lag / gap if gap else math.inf:.1%} of the {gap * 1e3:.1f} ms mean gap"
+            )
+    clocked = [s for s in result.fleet.servers if s.step_planned_seconds]
+    planned = sum(s.step_planned_seconds or 0.0 for s in clocked)
+    if planned > 0:
+        late = sum(s.step_late_seconds or 0.0 for s in clocked)
+        behind = sum(s.step_behind_seconds or 0.0 for s in clocked)
+        if late / planned > STEP_LATE_LIMIT:
+            reasons.append(f"simulated fleet ran late: step late/planned {late / planned:.1%}")
+        if behind / planned > STEP_BEHIND_LIMIT:
+            reasons.append(
+                f"simulated fleet fell behind: {behind * 1e3:.0f} ms of GPU time lost"
+                f" ({behind / planned:.2%} of planned)"
+            )
+    return reasons

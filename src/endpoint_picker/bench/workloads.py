@@ -1,0 +1,229 @@
+"""The workloads ``epp bench`` can run, their parameters, and ``generate``, which makes a plan.
+
+A plan is a pure function of (workload, parameters, rate, duration, seed, arrival, burstiness,
+base model): generated once per run and sent unchanged to every target, so every router sees
+the same requests, with the same text, at the same times. Content and timing draw from two
+random streams of their own (``Random(f"{seed}:content")``, ``Random(f"{seed}:arrivals")``), so
+a parameter that changes text never shifts arrivals, and nothing reads the global random state.
+
+Why the defaults look as they do (a 4-server fleet of ``epp sim``'s ``llama-3.1-8b-h100``: 27,000
+KV blocks of 16 tokens, 432,000 tokens per server; 30 us per prefilled token, so a 4,000-token
+prefix costs 120 ms of prefill, its cached repeat one ~7 ms floor-bound step):
+
+- ``shared-prefix``: FIXME
+- ``hot-prefix``: FIXME
+- ``chat``: FIXME
+- ``multi-lora``: FIXME
+- ``long-prefill`` / ``decode-heavy``: FIXME
+- ``mixed-criticality``: FIXME
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from endpoint_picker.bench import builders, sessions
+from endpoint_picker.bench.arrivals import arrival_times, check_arrival
+from endpoint_picker.bench.model import BenchError, RequestSpec, WorkloadPlan
+from endpoint_picker.bench.prompts import TextSource
+
+DEFAULT_BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One ``--param name=value``; its type is its default's (int or float); bounds inclusive."""
+
+    name: str
+    default: int | float
+    help: str
+    minimum: float = 0.0
+    maximum: float | None = None
+
+    def parse(self, raw: str) -> int | float:
+        """The value of ``raw``, or ``BenchError`` saying what was expected."""
+        is_int = isinstance(self.default, int)
+        try:
+            value: int | float = int(raw) if is_int else float(raw)
+        except ValueError:
+            kind = "an integer" if is_int else "a number"
+            raise BenchError(f"--param {self.name}={raw}: expected {kind}") from None
+        if not math.isfinite(value) or value < self.minimum:
+            raise BenchError(f"--param {self.name}={raw}: must be at least {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise BenchError(f"--param {self.name}={raw}: must be at most {self.maximum:g}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadInfo:
+    """What ``epp bench workloads`` lists, and the builder behind it."""
+
+    name: str
+    description: str
+    params: tuple[Param, ...]
+    build: Callable[[builders.Context], builders.Built] = field(repr=False, compare=False)
+
+
+def _groups(default: int, minimum: int = 1) -> Param:
+    return Param("groups", default, "prefix groups (distinct system prompts)", minimum)
+
+
+def _tokens(name: str, default: int, what: str, minimum: int = 1) -> Param:
+    return Param(name, default, what, minimum)
+
+
+_SKEW_HELP = "Zipf exponent of popularity: 0 uniform, 1 classic Zipf, higher hotter"
+
+_INFOS = (
+    WorkloadInfo(
+        "shared-prefix",
+        "groups of requests share a long system prompt; cache-aware routing pays off",
+        (
+            _groups(16),
+            Param("skew", 0.0, _SKEW_HELP),
+            _tokens("prompt_tokens", 2000, "system prompt tokens (the shared prefix)"),
+            _tokens("question_tokens", 50, "question tokens (unique per request)"),
+            _tokens("output_tokens", 150, "output tokens per request"),
+        ),
+        builders.shared_prefix,
+    ),
+    WorkloadInfo(
+        "hot-prefix",
+        "one prefix group carries half the traffic: the hot-spot trap of cache-aware routers",
+        (
+            _groups(16, minimum=2),
+            Param("hot_share", 0.5, "share of requests in the hot group", 0.0, 1.0),
+            _tokens("prompt_tokens", 2000, "system prompt tokens (the shared prefix)"),
+            _tokens("question_tokens", 50, "question tokens (unique per request)"),
+            _tokens("output_tokens", 150, "output tokens per request"),
+        ),
+        builders.hot_prefix,
+    ),
+    WorkloadInfo(
+        "chat",
+        "multi-turn sessions whose context grows each turn (x-session-id); session affinity",
+        (
+            Param("turns", 5, "turns per session", 1),
+            _tokens("system_tokens", 500, "system prompt tokens, one for all sessions", 0),
+            _tokens("user_tokens", 150, "tokens of each user message"),
+            _tokens("output_tokens", 200, "tokens of each reply"),
+            Param("think_time", 5.0, "seconds a user thinks after a reply (see sessions)"),
+        ),
+        sessions.chat,
+    ),
+    WorkloadInfo(
+        "multi-lora",
+        "requests spread over LoRA adapters adapter-0..N-1 (Zipf) and the base model",
+        (
+            Param("adapters", 8, "LoRA adapters served", 1),
+            Param("skew", 1.0, _SKEW_HELP),
+            Param("base_share", 0.2, "share of requests to the base model", 0.0, 1.0),
+            _tokens("prompt_tokens", 500, "system prompt tokens, one per served name"),
+            _tokens("question_tokens", 100, "question tokens (unique per request)"),
+            _tokens("output_tokens", 150, "output tokens per request"),
+        ),
+        builders.multi_lora,
+    ),
+    WorkloadInfo(
+        "long-prefill",
+        "long unique prompts, few output tokens: prefill-bound, load balancing only",
+        (
+            _tokens("prompt_tokens", 6000, "mean prompt tokens"),
+            Param("spread", 0.5, "prompt lengths uniform in mean x [1-spread, 1+spread]", 0, 0.95),
+            _tokens("output_tokens", 32, "output tokens per request"),
+        ),
+        builders.long_prefill,
+    ),
+    WorkloadInfo(
+        "decode-heavy",
+        "short unique prompts, long outputs: decode-bound, load balancing only",
+        (
+            _tokens("prompt_tokens", 200, "prompt tokens"),
+            _tokens("output_tokens", 1000, "mean output tokens"),
+            Param("spread", 0.5, "output lengths uniform in mean x [1-spread, 1+spread]", 0, 0.95),
+        ),
+        builders.decode_heavy,
+    ),
+    WorkloadInfo(
+        "mixed-criticality",
+        "Critical, Standard and Sheddable served names (adapters) under one load",
+        (
+            Param("critical_share", 0.2, "share of requests to `critical`", 0.0, 1.0),
+            Param("sheddable_share", 0.4, "share to `sheddable`; `standard` gets the rest", 0, 1),
+            _groups(32),
+            _tokens("prompt_tokens", 1000, "system prompt tokens (the shared prefix)"),
+            _tokens("question_tokens", 100, "question tokens (unique per request)"),
+            _tokens("output_tokens", 150, "output tokens per request"),
+        ),
+        builders.mixed_criticality,
+    ),
+)
+WORKLOADS: dict[str, WorkloadInfo] = {info.name: info for info in _INFOS}
+
+
+def resolve_params(info: WorkloadInfo, params: Mapping[str, str] | None) -> dict[str, int | float]:
+    """Defaults overridden by ``params`` (strings from ``--param key=value``), parsed and checked."""
+    declared = {p.name: p for p in info.params}
+    values: dict[str, int | float] = {p.name: p.default for p in info.params}
+    for name, raw in (params or {}).items():
+        param = declared.get(name)
+        if param is None:
+            known = ", ".join(declared)
+            raise BenchError(f"workload {info.name} has no parameter {name!r}; it has: {known}")
+        values[name] = param.parse(str(raw).strip())
+    return values
+
+
+def generate(
+    name: str,
+    *,
+    rate: float,
+    duration: float,
+    seed: int,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    params: Mapping[str, str] | None = None,
+    base_model: str = DEFAULT_BASE_MODEL,
+) -> WorkloadPlan:
+    """The plan of workload ``name``: its requests in send order, and what the fleet must serve.
+
+    Raises ``BenchError`` for an unknown workload or parameter, or a value out of range.
+    """
+    info = WORKLOADS.get(name)
+    if info is None:
+        raise BenchError(f"unknown workload {name!r}; choose from: {', '.join(WORKLOADS)}")
+    values = resolve_params(info, params)
+    check_arrival(arrival, rate, duration, burstiness)
+    arrival_rng = random.Random(f"{seed}:arrivals")
+
+    def arrivals(at_rate: float, start: float, span: float) -> list[float]:
+        return arrival_times(arrival, at_rate, span, arrival_rng, burstiness, start)
+
+    content_rng = random.Random(f"{seed}:content")
+    text = TextSource(content_rng)
+    ctx = builders.Context(values, rate, duration, base_model, content_rng, text, arrivals)
+    built = info.build(ctx)
+    return WorkloadPlan(
+        workload=name,
+        params={**values, "arrival": arrival, "burstiness": burstiness, "seed": seed},
+        requests=_in_send_order(built.requests),
+        base_model=base_model,
+        adapters=built.adapters,
+        criticality=built.criticality,
+    )
+
+
+def _in_send_order(drafts: list[RequestSpec]) -> tuple[RequestSpec, ...]:
+    """Sort by ``at`` (stable) and renumber ``index`` and ``follows`` to positions in the plan."""
+    order = sorted(range(len(drafts)), key=lambda i: drafts[i].at)
+    position = {old: new for new, old in enumerate(order)}
+    out: list[RequestSpec] = []
+    for new, old in enumerate(order):
+        spec = drafts[old]
+        follows = None if spec.follows is None else position[spec.follows]
+        out.append(replace(spec, index=new, follows=follows))
+    return tuple(out)

@@ -1,0 +1,136 @@
+"""What the EPP learns from its own traffic, as a small stream of facts (DESIGN principle 11).
+
+The director reports "request R was routed to endpoint E" once it has scheduled R, and the
+ext_proc stream reports "R finished" when its response ends or its stream closes, whichever
+comes first (exactly once per routed request: a stream that dies mid-response still finishes).
+Plugins that remember (the prefix index, session mappings) and the in-flight counter subscribe
+to these events; the same events could arrive from another worker or replica.
+
+Events are small and carry no prompt: ``Routed`` holds the request object, from which a
+subscriber computes what it needs (the prefix plugin keeps the hashes it computed while
+scoring, so nothing is hashed twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import structlog
+
+from endpoint_picker.requests import LLMRequest
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    request: LLMRequest
+    endpoint: str  # host:port of the primary pick
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    request_id: str
+    ok: bool  # a complete response (any status) rather than a stream that ended early
+
+
+@runtime_checkable
+class LifecycleListener(Protocol):
+    """Subscribes to request lifecycle events; must be cheap: it runs on the request path."""
+
+    def on_routed(self, event: Routed) -> None: ...
+
+    def on_finished(self, event: Finished) -> None: ...
+
+
+@runtime_checkable
+class PoolListener(Protocol):
+    """Told the pool's endpoints whenever they change, to forget endpoints that left."""
+
+    def on_endpoints(self, hostports: frozenset[str]) -> None: ...
+
+
+class Lifecycle:
+    """Fans events out to the listeners; a failing listener is logged, never fatal."""
+
+    __slots__ = ("_listeners", "_pool_listeners")
+
+    def __init__(
+        self,
+        listeners: Sequence[LifecycleListener] = (),
+        pool_listeners: Sequence[PoolListener] = (),
+    ) -> None:
+        self._listeners = tuple(listeners)
+        self._pool_listeners = tuple(pool_listeners)
+
+    def routed(self, request: LLMRequest, endpoint: str) -> None:
+        event = Routed(request, endpoint)
+        for listener in self._listeners:
+            try:
+                listener.on_routed(event)
+            except Exception:
+                log.exception("lifecycle listener failed", listener=type(listener).__name__)
+
+    def finished(self, request_id: str, ok: bool) -> None:
+        event = Finished(request_id, ok)
+        for listener in self._listeners:
+            try:
+                listener.on_finished(event)
+            except Exception:
+                log.exception("lifecycle listener failed", listener=type(listener).__name__)
+
+    def endpoints_changed(self, hostports: Iterable[str]) -> None:
+        live = frozenset(hostports)
+        for listener in self._pool_listeners:
+            try:
+                listener.on_endpoints(live)
+            except Exception:
+                log.exception("pool listener failed", listener=type(listener).__name__)
+
+
+class InFlight:
+    """The EPP's own count of requests in flight per endpoint: fresher than any scrape.
+
+    Counted from routing to the finish event, so a burst that arrives within one scrape
+    interval is seen at once. Each request is remembered with its endpoint, so a finish (or a
+    second one) can never decrement the wrong endpoint or go below zero.
+    """
+
+    __slots__ = ("_by_request", "_counts")
+
+    def __init__(self) -> None:
+        self._by_request: dict[str, str] = {}
+        self._counts: dict[str, int] = {}
+
+    def count(self, hostport: str) -> int:
+        return self._counts.get(hostport, 0)
+
+    @property
+    def total(self) -> int:
+        return len(self._by_request)
+
+    def on_routed(self, event: Routed) -> None:
+        request_id = event.request.request_id
+        previous = self._by_request.get(request_id)
+        if previous is not None:  # a request id reused while in flight: move it
+            self._decrement(previous)
+        self._by_request[request_id] = event.endpoint
+        self._counts[event.endpoint] = self._counts.get(event.endpoint, 0) + 1
+
+    def on_finished(self, event: Finished) -> None:
+        endpoint = self._by_request.pop(event.request_id, None)
+        if endpoint is not None:
+            self._decrement(endpoint)
+
+    def on_endpoints(self, hostports: frozenset[str]) -> None:
+        # Requests on an endpoint that left still finish through their streams; keep them.
+        return None
+
+    def _decrement(self, endpoint: str) -> None:
+        left = self._counts.get(endpoint, 0) - 1
+        if left > 0:
+            self._counts[endpoint] = left
+        else:
+            self._counts.pop(endpoint, None)

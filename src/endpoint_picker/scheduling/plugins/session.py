@@ -1,0 +1,90 @@
+"""Session affinity: the requests of one conversation keep going to the same endpoint.
+
+Two ways in, as users of the reference EPP and of the peer routers expect:
+
+- the reference's contract: the EPP answers every response with ``x-session-token``, an opaque
+  token naming the endpoint that served it; a request that sends the token back prefers that
+  endpoint;
+- a session id header the client sets (``sessionHeader``, default ``x-session-id``): the EPP
+  remembers where the session last went (an LRU of ``maxSessions`` ids) and prefers it.
+
+Either way the preference is a score, not a rule: an endpoint that is gone, stale or past the
+load bound is no candidate (the filters removed it), and the session moves on, to be
+remembered where it lands next.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from endpoint_picker.requests import LLMRequest
+from endpoint_picker.scheduling.lifecycle import Finished, Routed
+from endpoint_picker.scheduling.registry import Params, PluginContext
+from endpoint_picker.types import EndpointState
+
+SESSION_TOKEN_HEADER = "x-session-token"
+
+
+def session_token(hostport: str) -> str:
+    """The opaque token for an endpoint (URL-safe base64 of ``host:port``)."""
+    return base64.urlsafe_b64encode(hostport.encode()).decode().rstrip("=")
+
+
+def token_endpoint(token: str) -> str | None:
+    """The endpoint a token names, or None for a token that is not ours."""
+    if not token or len(token) > 128:
+        return None
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        return base64.urlsafe_b64decode(padded.encode("ascii")).decode("ascii")
+    except (binascii.Error, UnicodeError, ValueError):
+        return None
+
+
+class SessionAffinityScorer:
+    """1.0 for the endpoint the request's session token or session id points at, else 0."""
+
+    __slots__ = ("_header", "_max_sessions", "_sessions", "request_headers")
+
+    issues_session_tokens = True
+
+    def __init__(self, header: str, max_sessions: int) -> None:
+        self._header = header.lower()
+        self._max_sessions = max_sessions
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self.request_headers = frozenset({SESSION_TOKEN_HEADER, self._header})
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> SessionAffinityScorer:
+        header = params.string("sessionHeader", "x-session-id")
+        return cls(header, params.integer("maxSessions", 100_000, minimum=1))
+
+    def _wanted(self, request: LLMRequest) -> str | None:
+        headers = request.headers
+        by_token = token_endpoint(headers.get(SESSION_TOKEN_HEADER, ""))
+        if by_token is not None:
+            return by_token
+        session = headers.get(self._header)
+        return self._sessions.get(session) if session else None
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+        wanted = self._wanted(request)
+        if wanted is None:
+            return [0.0] * len(endpoints)
+        return [1.0 if e.hostport == wanted else 0.0 for e in endpoints]
+
+    def on_routed(self, event: Routed) -> None:
+        session = event.request.headers.get(self._header)
+        if not session:
+            return
+        sessions = self._sessions
+        sessions[session] = event.endpoint
+        sessions.move_to_end(session)
+        if len(sessions) > self._max_sessions:
+            sessions.popitem(last=False)
+
+    def on_finished(self, event: Finished) -> None:
+        return None

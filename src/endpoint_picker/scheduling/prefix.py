@@ -1,0 +1,155 @@
+"""Prompt prefixes as chains of block hashes, and an approximate index of who caches what.
+
+A model server caches a prompt's KV blocks by a chain of hashes, each block's hash covering
+everything before it, so two prompts share cached blocks exactly as far as they share a prefix.
+The EPP cannot see tokens, so it cuts the prompt text into blocks of ``block_chars`` characters
+(about 4 characters a token) and chains their hashes the same way, seeded by the target model:
+an adapter and its base model never share entries, as in vLLM.
+
+Chat requests hash their messages in order, roles included (``role``, a separator, the content,
+a terminator): the next turn of a conversation starts with the same bytes as the previous turn's
+whole prompt, so it matches every block of it.
+
+Hashes are BLAKE2b (8 bytes), not Python's ``hash``: they must agree across worker processes
+and replicas, which per-process hash randomisation would break. Only full blocks count, and at
+most ``max_blocks`` of them: hashing a 200 KB prompt stops after ``max_blocks`` blocks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from hashlib import blake2b
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
+
+from endpoint_picker.requests import Api, LLMRequest
+
+CHARS_PER_TOKEN = 4
+_ROLE_END = "\x1f"
+_MESSAGE_END = "\x1e"
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return orjson.dumps(content).decode()  # multi-part content: stable JSON
+
+
+def prompt_prefix_text(request: LLMRequest, limit: int) -> str:
+    """The first ``limit`` characters of the request's prompt, as the prefix index sees it."""
+    body = request.body
+    if request.api is Api.CHAT_COMPLETIONS:
+        parts: list[str] = []
+        size = 0
+        for message in body.get("messages") or ():
+            if not isinstance(message, dict):
+                continue
+            content = _content_text(message.get("content", ""))
+            text = f"{message.get('role', '')}{_ROLE_END}{content}"
+            parts.append(text)
+            parts.append(_MESSAGE_END)
+            size += len(text) + 1
+            if size >= limit:
+                break
+        return "".join(parts)[:limit]
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt[:limit]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return str(prompt[0])[:limit]  # a batch: the first prompt decides
+    if prompt is None:
+        return _content_text(body.get("input", ""))[:limit]  # embeddings
+    return orjson.dumps(prompt).decode()[:limit]  # token ids
+
+
+def block_hashes(model: str, text: str, block_chars: int, max_blocks: int) -> tuple[int, ...]:
+    """The chained hashes of ``text``'s full blocks, seeded by ``model``."""
+    data = text.encode("utf-8", "surrogatepass")
+    blocks = min(len(data) // block_chars, max_blocks)
+    digest = blake2b(model.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    out: list[int] = []
+    for start in range(0, blocks * block_chars, block_chars):
+        digest = blake2b(digest + data[start : start + block_chars], digest_size=8).digest()
+        out.append(int.from_bytes(digest, "little"))
+    return tuple(out)
+
+
+@runtime_checkable
+class PrefixObserver(Protocol):
+    """Where the prefix scorer reports (the EPP's metrics, as the reference names them)."""
+
+    def prefix_hit_ratio_observed(self, ratio: float) -> None: ...
+
+    def track_prefix_index(self, size: Callable[[], float]) -> None: ...
+
+
+class PrefixIndex:
+    """Which endpoint holds which block hashes: an LRU per endpoint, bounded in all.
+
+    ``capacity`` gives each endpoint's LRU size in blocks. ``holders`` maps a hash to the
+    endpoints holding it, so matching walks a prompt's blocks once for all candidates.
+    """
+
+    __slots__ = ("_holders", "_lru")
+
+    def __init__(self) -> None:
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._holders: dict[int, set[str]] = {}
+
+    @property
+    def size(self) -> int:
+        """Entries held, over every endpoint."""
+        return sum(len(lru) for lru in self._lru.values())
+
+    def insert(self, endpoint: str, hashes: Iterable[int], capacity: int) -> None:
+        """``endpoint`` now caches ``hashes`` (most recent last); evict past ``capacity``."""
+        lru = self._lru.get(endpoint)
+        if lru is None:
+            lru = self._lru[endpoint] = OrderedDict()
+        holders = self._holders
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            lru[h] = None
+            owners = holders.get(h)
+            if owners is None:
+                holders[h] = {endpoint}
+            else:
+                owners.add(endpoint)
+        while len(lru) > capacity:
+            evicted, _ = lru.popitem(last=False)
+            self._drop_holder(evicted, endpoint)
+
+    def match(self, hashes: Sequence[int], endpoints: Sequence[str]) -> list[int]:
+        """For each endpoint, how many of ``hashes`` it holds as a leading run."""
+        matched = dict.fromkeys(endpoints, 0)
+        remaining = set(matched)
+        holders = self._holders
+        for i, h in enumerate(hashes):
+            owners = holders.get(h)
+            still = remaining & owners if owners else set()
+            for gone in remaining - still:
+                matched[gone] = i
+            remaining = still
+            if not remaining:
+                break
+        else:
+            for endpoint in remaining:
+                matched[endpoint] = len(hashes)
+        return [matched[e] for e in endpoints]
+
+    def purge(self, keep: frozenset[str]) -> None:
+        """Forget every endpoint not in ``keep`` (it left the pool)."""
+        for endpoint in [e for e in self._lru if e not in keep]:
+            for h in self._lru.pop(endpoint):
+                self._drop_holder(h, endpoint)
+
+    def _drop_holder(self, h: int, endpoint: str) -> None:
+        owners = self._holders.get(h)
+        if owners is not None:
+            owners.discard(endpoint)
+            if not owners:
+                del self._holders[h]

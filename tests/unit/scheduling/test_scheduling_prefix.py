@@ -1,0 +1,209 @@
+"""Prefix hashing, the prefix index, the in-flight counter and the affinity plugins."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from tests.unit.scheduling.builders import endpoint
+
+from endpoint_picker.requests import Api, LLMRequest
+from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Lifecycle, Routed
+from endpoint_picker.scheduling.plugins.affinity import (
+    BoundedLoadFilter,
+    InFlightLoadScorer,
+    PrefixCacheScorer,
+)
+from endpoint_picker.scheduling.prefix import PrefixIndex, block_hashes, prompt_prefix_text
+
+
+def completion(prompt: str, model: str = "m", rid: str = "r") -> LLMRequest:
+    body: dict[str, Any] = {"model": model, "prompt": prompt}
+    return LLMRequest(rid, Api.COMPLETIONS, model, b"", body, target_model=model)
+
+
+def chat(messages: list[dict[str, str]], model: str = "m", rid: str = "r") -> LLMRequest:
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    return LLMRequest(rid, Api.CHAT_COMPLETIONS, model, b"", body, target_model=model)
+
+
+def test_hash_chains_share_exactly_the_common_prefix() -> None:
+    """Two prompts share leading hashes as far as their full common blocks go, no further."""
+    a = block_hashes("m", "x" * 100 + "A" * 100, 10, 100)
+    b = block_hashes("m", "x" * 100 + "B" * 100, 10, 100)
+    assert a[:10] == b[:10]
+    assert all(x != y for x, y in zip(a[10:], b[10:], strict=True))
+
+
+def test_hash_chains_are_seeded_by_the_model_and_truncated() -> None:
+    """An adapter never shares entries with its base; only full blocks, at most max_blocks."""
+    assert block_hashes("m", "x" * 100, 10, 100)[0] != block_hashes("lora", "x" * 100, 10, 100)[0]
+    assert len(block_hashes("m", "x" * 105, 10, 100)) == 10
+    assert len(block_hashes("m", "x" * 1000, 10, 7)) == 7
+    assert block_hashes("m", "x" * 9, 10, 100) == ()
+
+
+def test_hashes_are_stable_across_processes() -> None:
+    """The chain is BLAKE2b, not Python's randomised hash: another process computes the same."""
+    code = (
+        "from endpoint_picker.scheduling.prefix import block_hashes;"
+        "print(block_hashes('m', 'abcd' * 8, 16, 4))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        timeout=30,
+    )
+    assert other.stdout.strip() == str(block_hashes("m", "abcd" * 8, 16, 4))
+
+
+def test_chat_layout_keeps_roles_and_turns_extend_the_previous_prompt() -> None:
+    """A chat's next turn starts with the previous turn's whole prompt, roles included."""
+    turn1 = [{"role": "system", "content": "S" * 300}, {"role": "user", "content": "hi"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x"}]
+    first = prompt_prefix_text(chat(turn1), 10_000)
+    second = prompt_prefix_text(chat(turn2), 10_000)
+    assert second.startswith(first)
+    as_user = [{"role": "user", "content": "S" * 300}, {"role": "user", "content": "hi"}]
+    assert prompt_prefix_text(chat(as_user), 10_000) != first
+
+
+def test_index_matches_leading_runs_and_evicts_lru() -> None:
+    """Matches count leading blocks only; past capacity the least recently used go."""
+    index = PrefixIndex()
+    index.insert("a", [1, 2, 3], capacity=10)
+    index.insert("b", [1, 9], capacity=10)
+    assert index.match([1, 2, 3, 4], ["a", "b", "c"]) == [3, 1, 0]
+    assert index.match([7, 1], ["a", "b"]) == [0, 0]
+    index.insert("a", [4, 5, 6, 7, 8, 10, 11, 12], capacity=10)  # 11 entries: 1 is evicted
+    assert index.match([1, 2, 3], ["a"]) == [0]
+    assert index.size == 10 + 2
+
+
+def test_index_purges_endpoints_that_left() -> None:
+    """Endpoints that leave the pool are forgotten, with their hash holders."""
+    index = PrefixIndex()
+    index.insert("a", [1, 2], capacity=10)
+    index.insert("b", [1, 2], capacity=10)
+    index.purge(frozenset({"b"}))
+    assert index.match([1, 2], ["a", "b"]) == [0, 2]
+    index.purge(frozenset())
+    assert index.size == 0
+    assert index.match([1], ["b"]) == [0]
+
+
+def test_index_memory_is_bounded_by_capacity() -> None:
+    """However many prompts pass, each endpoint holds at most its capacity."""
+    index = PrefixIndex()
+    rng = random.Random(1)
+    for _ in range(200):
+        index.insert("a", [rng.getrandbits(64) for _ in range(50)], capacity=500)
+    assert index.size == 500
+
+
+def test_inflight_counts_never_leak_or_go_negative() -> None:
+    """Routed then finished returns to zero; a second finish or an unknown id changes nothing."""
+    inflight = InFlight()
+    lifecycle = Lifecycle([inflight])
+    lifecycle.routed(completion("x", rid="1"), "a")
+    lifecycle.routed(completion("x", rid="2"), "a")
+    lifecycle.routed(completion("x", rid="3"), "b")
+    assert (inflight.count("a"), inflight.count("b")) == (2, 1)
+    lifecycle.finished("1", ok=True)
+    lifecycle.finished("1", ok=False)
+    lifecycle.finished("unknown", ok=False)
+    assert (inflight.count("a"), inflight.count("b"), inflight.total) == (1, 1, 2)
+    lifecycle.finished("2", ok=False)
+    lifecycle.finished("3", ok=True)
+    assert inflight.total == 0
+    assert inflight.count("a") == 0
+
+
+def test_a_failing_listener_does_not_stop_the_others() -> None:
+    """One listener raising is logged; the in-flight counter still counts."""
+
+    class Broken:
+        def on_routed(self, event: Routed) -> None:
+            raise RuntimeError("boom")
+
+        def on_finished(self, event: Finished) -> None:
+            raise RuntimeError("boom")
+
+    inflight = InFlight()
+    Lifecycle([Broken(), inflight]).routed(completion("x"), "a")
+    assert inflight.count("a") == 1
+
+
+def test_prefix_scorer_learns_from_routing() -> None:
+    """After a request is routed to an endpoint, the same prefix scores 1 there, 0 elsewhere."""
+    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000)
+    a, b = endpoint(), endpoint()
+    prompt = "system prompt " * 20
+    first = completion(prompt + "question one", rid="1")
+    assert scorer.score(first, [a, b]) == [0.0, 0.0]
+    scorer.on_routed(Routed(first, a.hostport))
+    second = completion(prompt + "another question", rid="2")
+    scores = scorer.score(second, [a, b])
+    assert scores[0] > 0.8
+    assert scores[1] == 0.0
+    other_model = completion(prompt, model="lora", rid="3")
+    assert scorer.score(other_model, [a, b]) == [0.0, 0.0]
+
+
+def test_prefix_scorer_forgets_endpoints_that_left() -> None:
+    """on_endpoints purges the index of endpoints no longer in the pool."""
+    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000)
+    a = endpoint()
+    request = completion("p" * 400, rid="1")
+    scorer.score(request, [a])
+    scorer.on_routed(Routed(request, a.hostport))
+    scorer.on_endpoints(frozenset())
+    assert scorer.index.size == 0
+
+
+def load_of(inflight: InFlight, hostport: str, n: int) -> None:
+    for i in range(n):
+        inflight.on_routed(Routed(completion("x", rid=f"{hostport}-{i}"), hostport))
+
+
+@pytest.mark.parametrize(
+    ("loads", "kept"),
+    [
+        ((0, 0, 0, 0), {0, 1, 2, 3}),
+        ((2, 0, 0, 0), {0, 1, 2, 3}),  # within the slack of 2
+        ((3, 0, 0, 0), {1, 2, 3}),  # past min + slack and past 1.25 x mean
+        ((10, 8, 8, 8), {0, 1, 2, 3}),  # 10 <= 1.25 x 8.5
+        ((20, 8, 8, 8), {1, 2, 3}),
+    ],
+)
+def test_bounded_load_filter(loads: tuple[int, ...], kept: set[int]) -> None:
+    """Only endpoints within max(1.25 x mean, min + 2) of the pool's load stay."""
+    inflight = InFlight()
+    endpoints = [endpoint() for _ in loads]
+    for e, n in zip(endpoints, loads, strict=True):
+        load_of(inflight, e.hostport, n)
+    out = BoundedLoadFilter(1.25, 2, inflight).filter(completion("x"), endpoints)
+    assert {endpoints.index(e) for e in out} == kept
+
+
+def test_bounded_load_filter_counts_server_reported_load() -> None:
+    """A server busy with other replicas' traffic counts by its own running + waiting."""
+    inflight = InFlight()
+    busy, idle = endpoint(running=6, queue=4), endpoint()
+    assert BoundedLoadFilter(1.25, 2, inflight).filter(completion("x"), [busy, idle]) == [idle]
+
+
+def test_inflight_scorer_spreads_a_burst() -> None:
+    """Between scrapes, each routed request makes its endpoint score lower for the next."""
+    inflight = InFlight()
+    endpoints = [endpoint() for _ in range(3)]
+    load_of(inflight, endpoints[0].hostport, 2)
+    load_of(inflight, endpoints[1].hostport, 1)
+    assert InFlightLoadScorer(inflight).score(completion("x"), endpoints) == [0.0, 0.5, 1.0]
