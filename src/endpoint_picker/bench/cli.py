@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--max-num-seqs", type=int)
     fleet.add_argument("--max-loras", type=int)
     fleet.add_argument(
+        "--stream-interval", type=int, default=8, help="tokens per SSE chunk after the first"
+    )
+    fleet.add_argument(
         "--time-scale", type=float, default=1.0,
         help="the fleet's clock speed: below 1 slows it until this machine keeps up",
     )  # fmt: skip
@@ -135,6 +138,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         max_num_seqs=args.max_num_seqs,
         max_loras=args.max_loras,
         time_scale=args.time_scale,
+        stream_interval=args.stream_interval,
     )
     options = RunOptions(
         workload=args.workload,

@@ -12,7 +12,8 @@ the model servers, as seen against ``epp sim`` (vLLM's OpenAI server):
   ``POST /v1/completions/render`` (or ``/v1/chat/completions/render``) and then ``POST /tokenize``,
   to match prefixes on token ids. The simulator answers both 404, and the router falls back to
   matching on the request's text (``render_unavailable`` in its debug log): 2 extra round trips
-  per worker per request, which the simulator's event loop pays for.
+  per worker per request, which the simulator's event loop pays for (4 servers, 600 streamed
+  requests: 0.91 s of simulator CPU, against 0.18 s with ``round_robin``; 2026-11-23).
 - sglang-router: at registration it probes each worker for gRPC (HTTP/2 prior knowledge: the
   simulator logs an aiohttp ``BadHttpMessage`` traceback per probe, harmless), then
   ``GET /server_info``, ``/get_server_info``, ``/model_info``, ``/get_model_info``, all 404, so the
@@ -44,6 +45,7 @@ class PeerRouter:
     policies: tuple[str, ...]
     log_level: str  # warnings only: per-request logging would cost CPU the fleet needs
     extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # added to the environment
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -65,6 +67,8 @@ PEERS = {
             "sticky_least_loaded",
         ),
         log_level="warning",
+        # its --log-level warning still logs at info (0.1.17); the Rust filter obeys RUST_LOG
+        env=(("RUST_LOG", "warn"),),
     ),
     "sglang-router": PeerRouter(
         name="sglang-router",
@@ -113,7 +117,7 @@ def router_args(
 
 def readiness(workers: int) -> Callable[[int, Any], bool]:
     """Whether a ``GET /readiness`` answer (status, JSON body) means all ``workers`` are in:
-    both routers say ready before their workers are registered, but count them in the body."""
+    sglang-router serves before its workers are registered, but counts them in the body."""
 
     def ready(status: int, body: Any) -> bool:
         if status != 200:

@@ -15,7 +15,7 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -80,10 +80,12 @@ class Children:
         self.deadline = deadline  # event-loop time by which every wait must have passed
         self.all: list[Child] = []
 
-    async def start(self, name: str, argv: Sequence[str]) -> Child:
+    async def start(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> Child:
         log_path = self.folder / f"{name}.log"
         # Unbuffered, so a crash's last words reach the log; no colour codes in files.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **(env or {})}
         try:
             with log_path.open("wb") as log:
                 proc = await asyncio.create_subprocess_exec(
@@ -91,7 +93,7 @@ class Children:
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
-                    env=env,
+                    env=full_env,
                 )
         except OSError as exc:
             raise BenchError(f"stack {self.stack}: cannot start {name} ({argv[0]}): {exc}") from exc
@@ -103,16 +105,20 @@ class Children:
         """Until ``probe`` passes. ``child`` is the one to blame if the deadline passes first."""
         loop = asyncio.get_running_loop()
         while True:
-            for other in self.all:
-                if other.proc.returncode is not None:
-                    await self._fail(other, f"exited with status {other.proc.returncode}")
+            if (gone := self.exited()) is not None:
+                await self.fail(gone, f"exited with status {gone.proc.returncode}")
             if await probe.check():
                 return
             if loop.time() > self.deadline:
-                await self._fail(child, f"not ready in time: {probe.what}")
+                await self.fail(child, f"not ready in time: {probe.what}")
             await asyncio.sleep(0.1)
 
-    async def _fail(self, child: Child, problem: str) -> NoReturn:
+    def exited(self) -> Child | None:
+        """The first child that is no longer running, if any."""
+        return next((c for c in self.all if c.proc.returncode is not None), None)
+
+    async def fail(self, child: Child, problem: str) -> NoReturn:
+        """Raise ``BenchError``: ``child``'s ``problem``, with the tail of its log."""
         tail = await asyncio.to_thread(log_tail, child.log_path)
         raise BenchError(
             f"stack {self.stack}: {child.name} {problem}; last lines of {child.log_path}:\n{tail}"

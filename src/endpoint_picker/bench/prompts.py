@@ -19,17 +19,16 @@ from typing import Any
 
 CHARS_PER_TOKEN = 4
 
-_VOCAB = tuple(
-    """the of and to in is that for it as was with be by on not he this are or his from at which
-    but have an they you were her she there been one all we their has would when if so no will
-    more can its who about out into than them only other new some could time these two may first
-    then do any like my now over such our man me even most made after also did many before must
-    through back years where much your way well down should because each just those people how
-    too little state good very make world still own see men work long here get both between life
-    being under never day same another know while last might us great old year off come since
-    against go came right used take three cache route server model token query answer request
-    latency queue prefix session adapter budget cluster gateway""".split()
-)
+_WORDS = """the of and to in is that for it as was with be by on not he this are or his from at
+which but have an they you were her she there been one all we their has would when if so no will
+more can its who about out into than them only other new some could time these two may first
+then do any like my now over such our man me even most made after also did many before must
+through back years where much your way well down should because each just those people how
+too little state good very make world still own see men work long here get both between life
+being under never day same another know while last might us great old year off come since
+against go came right used take three cache route server model token query answer request
+latency queue prefix session adapter budget cluster gateway"""
+_VOCAB = tuple(_WORDS.split())
 _CORPUS_WORDS = 16_384  # ~90,000 characters: longer than any default prompt, so slices rarely wrap
 
 
@@ -55,7 +54,8 @@ class TextSource:
         if need <= 0:
             return head[:chars]
         size = len(self._corpus)
-        offset = self._rng.randrange(size)
+        # Start at a word, so the text reads as words (the corpus ends with a space: found).
+        offset = self._doubled.index(" ", self._rng.randrange(size)) + 1
         if offset + need <= len(self._doubled):
             return head + self._doubled[offset : offset + need]
         reps = -(-(offset + need) // size)  # a prompt longer than the corpus: rare, so built here

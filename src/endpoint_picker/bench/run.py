@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from endpoint_picker.bench import client, report, stats, workloads
+import endpoint_picker.bench.client as client
+import endpoint_picker.bench.report as report
+import endpoint_picker.bench.stats as stats
+import endpoint_picker.bench.workloads as workloads
 from endpoint_picker.bench.fleetwatch import FleetWatch
 from endpoint_picker.bench.model import FleetObservation, TargetResult, WorkloadPlan
 from endpoint_picker.bench.stacks import FleetOptions, StackSpec, running_stack

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import shutil
-import socket
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,7 +70,10 @@ class FleetOptions:
     max_num_seqs: int | None = None
     max_loras: int | None = None
     time_scale: float = 1.0
-    stream_interval: int | None = None
+    # 8 tokens per SSE chunk after the first (the first comes at once, so TTFT is exact):
+    # a chunk per token costs the fleet, Envoy and the client several times the CPU, which this
+    # 2-core machine does not have (docs/sim.md)
+    stream_interval: int | None = 8
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -89,7 +92,7 @@ class FleetOptions:
             "--profile": self.profile,
             "--num-gpu-blocks": self.num_gpu_blocks,
             "--max-num-seqs": self.max_num_seqs,
-            "--max-loras": self.max_loras,
+            "--max-loras": self._max_loras(plan),
             "--stream-interval": self.stream_interval,
         }
         for flag, value in optional.items():
@@ -97,9 +100,18 @@ class FleetOptions:
                 args += [flag, str(value)]
         return [*args, "--time-scale", str(self.time_scale), *self.extra_args]
 
+    def _max_loras(self, plan: WorkloadPlan) -> int | None:
+        """``max_loras``, or, for a plan whose criticality classes are adapters
+        (``mixed-criticality``), a slot for each: slot contention would otherwise drown the
+        criticality effect that workload is about."""
+        if self.max_loras is None and plan.criticality:
+            return max(3, len(plan.adapters))
+        return self.max_loras
+
     def addresses(self) -> list[str]:
-        first = int.from_bytes(socket.inet_aton(FLEET_ADDRESS), "big")
-        return [socket.inet_ntoa((first + i).to_bytes(4, "big")) for i in range(self.servers)]
+        """Each server's address, as ``epp sim --servers N --address FLEET_ADDRESS`` binds them."""
+        first = ipaddress.IPv4Address(FLEET_ADDRESS)
+        return [str(first + i) for i in range(self.servers)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +260,7 @@ async def running_stack(
                     peer, spec.policy or peers.DEFAULT_POLICY, worker_urls=list(servers),
                     host=FRONT_ADDRESS, port=front_port, metrics_port=admin_port,
                 )  # fmt: skip
-                front = await children.start(peer.name, [*peer.command, *argv])
+                front = await children.start(peer.name, [*peer.command, *argv], dict(peer.env))
                 ready = http_probe(session, f"{url}/readiness", peers.readiness(len(servers)))
             else:
                 config = folder / "envoy.yaml"
@@ -269,6 +281,9 @@ async def running_stack(
             pids={c.name: c.proc.pid for c in children.all},
             folder=folder,
         )
+        # A child that died during the run made its results meaningless: say so, loudly.
+        if (gone := children.exited()) is not None:
+            await children.fail(gone, f"exited during the run (status {gone.proc.returncode})")
     finally:
         await children.stop()
 
@@ -279,7 +294,7 @@ def _epp_argv(spec: StackSpec, pool: Path, ports: Sequence[int]) -> list[str]:
     argv = [*_PYTHON, "serve", "--pool-file", str(pool), "--bind-address", FRONT_ADDRESS,
             "--grpc-port", str(grpc), "--grpc-health-port", str(health),
             "--metrics-port", str(metrics), "--log-level", "warning",
-            "--drain-timeout", "1"]  # fmt: skip
+            "--drain-timeout", "1s"]  # fmt: skip
     if spec.config_file is not None:
         argv += ["--config-file", str(spec.config_file)]
     return argv

@@ -6,16 +6,40 @@ the same requests, with the same text, at the same times. Content and timing dra
 random streams of their own (``Random(f"{seed}:content")``, ``Random(f"{seed}:arrivals")``), so
 a parameter that changes text never shifts arrivals, and nothing reads the global random state.
 
-Why the defaults look as they do (a 4-server fleet of ``epp sim``'s ``llama-3.1-8b-h100``: 27,000
-KV blocks of 16 tokens, 432,000 tokens per server; 30 us per prefilled token, so a 4,000-token
-prefix costs 120 ms of prefill, its cached repeat one ~7 ms floor-bound step):
+Why the defaults look as they do. The fleet is 4 ``epp sim`` servers on the default profile
+(``llama-3.1-8b-h100``: 27,000 KV blocks of 16 tokens, 432,000 tokens of cache per server; 30 us
+per prefilled token, so a 4,000-token prompt costs 120 ms of prefill and its cached repeat one
+~7 ms step). The figures below replay 60 s of each plan (seed 1) on 4 of the simulator's engines
+with a discrete-event clock, routed round robin (RR) or by a hash of the group ("affinity"), and
+are what a router has to win:
 
-- ``shared-prefix``: FIXME
-- ``hot-prefix``: FIXME
-- ``chat``: FIXME
-- ``multi-lora``: FIXME
-- ``long-prefill`` / ``decode-heavy``: FIXME
-- ``mixed-criticality``: FIXME
+- ``shared-prefix`` (200 groups x 4,000 tokens, uniform): the prefixes total 800,000 tokens,
+  1.9x one server's cache but half the fleet's. RR makes every server hold every group, so it
+  thrashes (41-47% of prompt tokens hit) and saturates near 30 requests/s; affinity keeps a
+  quarter of the groups per server (83-92% hit) and at 50 requests/s still has a 31 ms median
+  TTFT. With few groups (16 x 2,000 tokens = 32,000, which every server caches) RR hits 95% and
+  routing cannot matter, so small G is a poor default.
+- ``hot-prefix`` (same sizes, one group 50%): pure affinity piles half the traffic on one
+  server and collapses at 40 requests/s (median TTFT 4 s) where RR still runs (83 ms); affinity
+  that yields to load beats both (26 ms).
+- ``chat`` (6 turns; 1,000-token system prompt, 200-token user messages, 250-token replies,
+  3 s think time): contexts grow to ~3,500 tokens; sending a session back to its server raises
+  the hit rate from 65% to 88% and at 60 requests/s halves the median e2e (4.9 s against 8.6 s).
+- ``multi-lora`` (8 adapters, Zipf 1, 20% base; 1,000 + 100 prompt, 300 output tokens): a server
+  runs at most ``--max-loras`` (2) adapters at once, so RR, which sends every adapter everywhere,
+  leaves requests waiting for a slot (p90 TTFT 17 s at 25 requests/s against 19 ms by adapter).
+- ``long-prefill`` (6,000 tokens +-50%, 32 out) and ``decode-heavy`` (200 in, 1,000 +-50% out):
+  no shared prefixes, varied lengths: only load balancing helps, and a cache-aware router must
+  not lose here. RR saturates near 18 and 50 requests/s.
+- ``mixed-criticality`` (20% Critical, 40% Standard, 40% Sheddable; 32 groups x 2,000 tokens,
+  300 out): the sheddable share exceeds the excess of a 1.3x overload (23%), so shedding it can
+  keep Critical and Standard within capacity (RR saturates near 65 requests/s). Its three served
+  names are adapters: run the fleet with ``--max-loras 3`` or more, or slot waits (p90 TTFT 41 s
+  at 40 requests/s with 2 slots) drown the criticality effect.
+
+Long prompts and outputs keep RR's saturation between about 18 and 65 requests/s everywhere:
+each request is real GPU work, so the 2 cores that also run the load generator, Envoy and the
+router are less likely than the simulated GPUs to be the bottleneck.
 """
 
 from __future__ import annotations
@@ -51,7 +75,9 @@ class Param:
         except ValueError:
             kind = "an integer" if is_int else "a number"
             raise BenchError(f"--param {self.name}={raw}: expected {kind}") from None
-        if not math.isfinite(value) or value < self.minimum:
+        if not math.isfinite(value):
+            raise BenchError(f"--param {self.name}={raw}: must be a finite number")
+        if value < self.minimum:
             raise BenchError(f"--param {self.name}={raw}: must be at least {self.minimum:g}")
         if self.maximum is not None and value > self.maximum:
             raise BenchError(f"--param {self.name}={raw}: must be at most {self.maximum:g}")
@@ -83,9 +109,9 @@ _INFOS = (
         "shared-prefix",
         "groups of requests share a long system prompt; cache-aware routing pays off",
         (
-            _groups(16),
-            Param("skew", 0.0, _SKEW_HELP),
-            _tokens("prompt_tokens", 2000, "system prompt tokens (the shared prefix)"),
+            _groups(200),
+            Param("skew", 0.0, _SKEW_HELP, 0.0, 10.0),
+            _tokens("prompt_tokens", 4000, "system prompt tokens (the shared prefix)"),
             _tokens("question_tokens", 50, "question tokens (unique per request)"),
             _tokens("output_tokens", 150, "output tokens per request"),
         ),
@@ -95,9 +121,9 @@ _INFOS = (
         "hot-prefix",
         "one prefix group carries half the traffic: the hot-spot trap of cache-aware routers",
         (
-            _groups(16, minimum=2),
+            _groups(200, minimum=2),
             Param("hot_share", 0.5, "share of requests in the hot group", 0.0, 1.0),
-            _tokens("prompt_tokens", 2000, "system prompt tokens (the shared prefix)"),
+            _tokens("prompt_tokens", 4000, "system prompt tokens (the shared prefix)"),
             _tokens("question_tokens", 50, "question tokens (unique per request)"),
             _tokens("output_tokens", 150, "output tokens per request"),
         ),
@@ -107,11 +133,11 @@ _INFOS = (
         "chat",
         "multi-turn sessions whose context grows each turn (x-session-id); session affinity",
         (
-            Param("turns", 5, "turns per session", 1),
-            _tokens("system_tokens", 500, "system prompt tokens, one for all sessions", 0),
-            _tokens("user_tokens", 150, "tokens of each user message"),
-            _tokens("output_tokens", 200, "tokens of each reply"),
-            Param("think_time", 5.0, "seconds a user thinks after a reply (see sessions)"),
+            Param("turns", 6, "turns per session", 1),
+            _tokens("system_tokens", 1000, "system prompt tokens, one for all sessions", 0),
+            _tokens("user_tokens", 200, "tokens of each user message"),
+            _tokens("output_tokens", 250, "tokens of each reply"),
+            Param("think_time", 3.0, "seconds a user thinks after a reply (see sessions)"),
         ),
         sessions.chat,
     ),
@@ -120,11 +146,11 @@ _INFOS = (
         "requests spread over LoRA adapters adapter-0..N-1 (Zipf) and the base model",
         (
             Param("adapters", 8, "LoRA adapters served", 1),
-            Param("skew", 1.0, _SKEW_HELP),
+            Param("skew", 1.0, _SKEW_HELP, 0.0, 10.0),
             Param("base_share", 0.2, "share of requests to the base model", 0.0, 1.0),
-            _tokens("prompt_tokens", 500, "system prompt tokens, one per served name"),
+            _tokens("prompt_tokens", 1000, "system prompt tokens, one per served name"),
             _tokens("question_tokens", 100, "question tokens (unique per request)"),
-            _tokens("output_tokens", 150, "output tokens per request"),
+            _tokens("output_tokens", 300, "output tokens per request"),
         ),
         builders.multi_lora,
     ),
@@ -155,9 +181,9 @@ _INFOS = (
             Param("critical_share", 0.2, "share of requests to `critical`", 0.0, 1.0),
             Param("sheddable_share", 0.4, "share to `sheddable`; `standard` gets the rest", 0, 1),
             _groups(32),
-            _tokens("prompt_tokens", 1000, "system prompt tokens (the shared prefix)"),
+            _tokens("prompt_tokens", 2000, "system prompt tokens (the shared prefix)"),
             _tokens("question_tokens", 100, "question tokens (unique per request)"),
-            _tokens("output_tokens", 150, "output tokens per request"),
+            _tokens("output_tokens", 300, "output tokens per request"),
         ),
         builders.mixed_criticality,
     ),
@@ -166,7 +192,7 @@ WORKLOADS: dict[str, WorkloadInfo] = {info.name: info for info in _INFOS}
 
 
 def resolve_params(info: WorkloadInfo, params: Mapping[str, str] | None) -> dict[str, int | float]:
-    """Defaults overridden by ``params`` (strings from ``--param key=value``), parsed and checked."""
+    """Defaults overridden by ``params`` (strings of ``--param key=value``), parsed, checked."""
     declared = {p.name: p for p in info.params}
     values: dict[str, int | float] = {p.name: p.default for p in info.params}
     for name, raw in (params or {}).items():

