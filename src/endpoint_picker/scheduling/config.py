@@ -75,6 +75,13 @@ apiVersion: {API_VERSION}
 kind: {KIND}
 plugins:
 - type: stale-metrics-filter
+- type: bounded-load-filter
+  parameters:
+    factor: 1.3
+    slack: 2
+- type: prefix-cache-scorer
+- type: session-affinity-scorer
+- type: inflight-load-scorer
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: lora-affinity-scorer
@@ -84,10 +91,17 @@ schedulingProfiles:
 - name: default
   plugins:
   - pluginRef: stale-metrics-filter
+  - pluginRef: bounded-load-filter
+  - pluginRef: prefix-cache-scorer
+    weight: 8
+  - pluginRef: session-affinity-scorer
+    weight: 2
+  - pluginRef: inflight-load-scorer
+    weight: 1
   - pluginRef: queue-scorer
-    weight: 2
+    weight: 1
   - pluginRef: kv-cache-utilization-scorer
-    weight: 2
+    weight: 1
   - pluginRef: lora-affinity-scorer
     weight: 1
   - pluginRef: max-score-picker

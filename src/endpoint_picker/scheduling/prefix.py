@@ -32,9 +32,14 @@ _MESSAGE_END = "\x1e"
 
 
 def _content_text(content: Any) -> str:
+    """Content as text: a string as it is, anything else as stable JSON ("" when it nests
+    deeper than the serialiser allows: such a prompt just gets no prefix affinity)."""
     if isinstance(content, str):
         return content
-    return orjson.dumps(content).decode()  # multi-part content: stable JSON
+    try:
+        return orjson.dumps(content).decode()
+    except TypeError:  # orjson.JSONEncodeError: nested past its recursion limit
+        return ""
 
 
 def prompt_prefix_text(request: LLMRequest, limit: int) -> str:
@@ -61,7 +66,7 @@ def prompt_prefix_text(request: LLMRequest, limit: int) -> str:
         return str(prompt[0])[:limit]  # a batch: the first prompt decides
     if prompt is None:
         return _content_text(body.get("input", ""))[:limit]  # embeddings
-    return orjson.dumps(prompt).decode()[:limit]  # token ids
+    return _content_text(prompt)[:limit]  # token ids
 
 
 def block_hashes(model: str, text: str, block_chars: int, max_blocks: int) -> tuple[int, ...]:

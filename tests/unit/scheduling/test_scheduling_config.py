@@ -40,7 +40,7 @@ BAD_CONFIGS = [
     (
         cfg("plugins:\n- type: queue-scorer\n- type: foo\n"),
         "plugins[1].type",
-        'unknown plugin type "foo" (known: bounded-load-filter, inflight-load-scorer, kv-cache-utilization-scorer,',
+        'unknown plugin type "foo" (known: bounded-load-filter, inflight-load-scorer,',
     ),
     (
         cfg("plugins:\n- type: queue-scorer\n- type: queue-scorer\n"),
@@ -226,13 +226,14 @@ def test_weight_error_reads_like_the_docs() -> None:
 
 
 def test_no_file_gives_the_default_profile() -> None:
-    """Without a file: stale filter, queue x2, kv x2, lora x1, max-score picker, detector."""
+    """Without a file: stale and load filters, prefix x8 and the tie-breakers, picker, detector."""
     assert load_config(None) == default_config()
     summary = describe(None)
-    assert "filters: stale-metrics-filter" in summary
+    assert "filters: stale-metrics-filter, bounded-load-filter" in summary
     assert (
-        "scorers: queue-scorer (weight 2), kv-cache-utilization-scorer (weight 2), "
-        "lora-affinity-scorer (weight 1)"
+        "scorers: prefix-cache-scorer (weight 8), session-affinity-scorer (weight 2), "
+        "inflight-load-scorer (weight 1), queue-scorer (weight 1), "
+        "kv-cache-utilization-scorer (weight 1), lora-affinity-scorer (weight 1)"
     ) in summary
     assert "picker: max-score-picker" in summary
     assert "saturation detector: utilization-detector" in summary

@@ -207,3 +207,13 @@ def test_inflight_scorer_spreads_a_burst() -> None:
     load_of(inflight, endpoints[0].hostport, 2)
     load_of(inflight, endpoints[1].hostport, 1)
     assert InFlightLoadScorer(inflight).score(completion("x"), endpoints) == [0.0, 0.5, 1.0]
+
+
+def test_a_prompt_nested_past_the_serialiser_gets_no_prefix_and_no_error() -> None:
+    """A prompt nested 1,000 levels deep scores 0 everywhere instead of failing the request."""
+    deep: Any = []
+    for _ in range(1000):
+        deep = [deep]
+    request = LLMRequest("r", Api.COMPLETIONS, "m", b"", {"prompt": deep}, target_model="m")
+    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000)
+    assert scorer.score(request, [endpoint()]) == [0.0]
