@@ -1,4 +1,4 @@
-"""Prefix hashing, the prefix index, the in-flight counter and the affinity plugins."""
+"""Prefix hashing, the prefix index, the in-flight counter, the affinity and session plugins."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ from endpoint_picker.scheduling.plugins.affinity import (
     BoundedLoadFilter,
     InFlightLoadScorer,
     PrefixCacheScorer,
+)
+from endpoint_picker.scheduling.plugins.session import (
+    SessionAffinityScorer,
+    session_token,
+    token_endpoint,
 )
 from endpoint_picker.scheduling.prefix import PrefixIndex, block_hashes, prompt_prefix_text
 
@@ -217,3 +222,39 @@ def test_a_prompt_nested_past_the_serialiser_gets_no_prefix_and_no_error() -> No
     request = LLMRequest("r", Api.COMPLETIONS, "m", b"", {"prompt": deep}, target_model="m")
     scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000)
     assert scorer.score(request, [endpoint()]) == [0.0]
+
+
+def with_headers(headers: dict[str, str], rid: str = "r") -> LLMRequest:
+    return LLMRequest(rid, Api.COMPLETIONS, "m", b"", {"prompt": "x"}, "m", headers=headers)
+
+
+def test_session_tokens_round_trip_and_foreign_tokens_are_ignored() -> None:
+    """A token names its endpoint; garbage, oversized or non-ASCII tokens name nothing."""
+    assert token_endpoint(session_token("10.0.0.7:8000")) == "10.0.0.7:8000"
+    assert token_endpoint(session_token("[fd00::1]:8000")) == "[fd00::1]:8000"
+    for junk in ("", "%%%", "x" * 200, "é"):
+        assert token_endpoint(junk) is None
+
+
+def test_session_scorer_prefers_the_token_then_the_remembered_session() -> None:
+    """The token's endpoint scores 1; a session id follows where it last went; else all 0."""
+    scorer = SessionAffinityScorer("x-session-id", max_sessions=10)
+    a, b = endpoint(), endpoint()
+    token = {"x-session-token": session_token(b.hostport)}
+    assert scorer.score(with_headers(token), [a, b]) == [0.0, 1.0]
+    assert scorer.score(with_headers({"x-session-id": "s1"}), [a, b]) == [0.0, 0.0]
+    scorer.on_routed(Routed(with_headers({"x-session-id": "s1"}), a.hostport))
+    assert scorer.score(with_headers({"x-session-id": "s1"}), [a, b]) == [1.0, 0.0]
+    gone = endpoint()
+    scorer.on_routed(Routed(with_headers({"x-session-id": "s2"}), gone.hostport))
+    assert scorer.score(with_headers({"x-session-id": "s2"}), [a, b]) == [0.0, 0.0]
+
+
+def test_session_memory_is_bounded() -> None:
+    """Past maxSessions the least recently routed sessions are forgotten."""
+    scorer = SessionAffinityScorer("x-session-id", max_sessions=2)
+    a = endpoint()
+    for session in ("s1", "s2", "s3"):
+        scorer.on_routed(Routed(with_headers({"x-session-id": session}), a.hostport))
+    assert scorer.score(with_headers({"x-session-id": "s1"}), [a]) == [0.0]
+    assert scorer.score(with_headers({"x-session-id": "s3"}), [a]) == [1.0]

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, Routed
 from endpoint_picker.scheduling.registry import Params, PluginContext
-from endpoint_picker.types import EndpointState
+from endpoint_picker.types import EndpointState, parse_hostport
 
 SESSION_TOKEN_HEADER = "x-session-token"
 
@@ -39,9 +39,11 @@ def token_endpoint(token: str) -> str | None:
         return None
     try:
         padded = token + "=" * (-len(token) % 4)
-        return base64.urlsafe_b64decode(padded.encode("ascii")).decode("ascii")
+        text = base64.b64decode(padded.encode("ascii"), altchars=b"-_", validate=True).decode()
+        _, port = parse_hostport(text)
     except (binascii.Error, UnicodeError, ValueError):
         return None
+    return text if port is not None else None
 
 
 class SessionAffinityScorer:
