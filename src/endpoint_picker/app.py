@@ -12,7 +12,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import prometheus_client
@@ -36,6 +36,9 @@ from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.scheduling import build_scheduling, load_config
 from endpoint_picker.settings import Settings
 from endpoint_picker.telemetry.metrics import EppMetrics, PoolStats
+
+if TYPE_CHECKING:  # imported when used: only a Kubernetes deployment loads the client
+    from endpoint_picker.datastore.sources.kubernetes import KubernetesSource, LeaderElector
 
 log = structlog.get_logger(__name__)
 
@@ -74,15 +77,24 @@ class App:
         self._metrics_runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
         self.ports = BoundPorts(0, 0, 0)
-        if settings.pool.pool_file is None:
-            raise ConfigError("--pool-file is required (the Kubernetes source is not built yet)")
-        self._source = PoolFileSource(
-            settings.pool.pool_file,
-            self.datastore,
-            observer=self.metrics,
-            poll_interval=settings.pool.reload_poll_interval,
-            settle_time=settings.pool.reload_settle_time,
-        )
+        self._draining = False
+        self._source: PoolFileSource | None = None
+        self._kubernetes: KubernetesSource | None = None
+        self._elector: LeaderElector | None = None
+        self._pool_synced = False  # Kubernetes: the first full sync is done and the pool exists
+        self._leading = True  # Kubernetes HA: this replica holds the Lease (True without HA)
+        if settings.pool.pool_file is not None:
+            self._source = PoolFileSource(
+                settings.pool.pool_file,
+                self.datastore,
+                observer=self.metrics,
+                poll_interval=settings.pool.reload_poll_interval,
+                settle_time=settings.pool.reload_settle_time,
+            )
+        elif settings.pool.pool_name:
+            self._kubernetes = self._build_kubernetes_source(settings.pool.pool_name)
+        else:
+            raise ConfigError("give --pool-file PATH, or --pool-name NAME to watch Kubernetes")
         self._scraper = ScrapeManager(
             settings.scrape,
             self.datastore.update_metrics,
@@ -90,6 +102,51 @@ class App:
             cpu_budget=settings.scrape.cpu_budget,
             on_unreachable=self.datastore.mark_unreachable,
         )
+
+    def _build_kubernetes_source(self, pool_name: str) -> KubernetesSource:
+        from endpoint_picker.datastore.sources.kubernetes import (
+            KubernetesSource,
+            LeaderElector,
+            build_client,
+            default_identity,
+        )
+
+        async def synced(ready: bool) -> None:
+            self._pool_synced = ready
+            await self._update_kubernetes_ready()
+
+        async def leading(leader: bool) -> None:
+            self._leading = leader
+            await self._update_kubernetes_ready()
+
+        k8s = self.settings.pool.kubernetes
+        client = build_client(k8s)
+        if k8s.leader_election:
+            self._leading = False
+            self._elector = LeaderElector(
+                client,
+                k8s.namespace,
+                k8s.lease_name or f"endpoint-picker-{pool_name}",
+                default_identity(),
+                k8s,
+                leading,
+            )
+        return KubernetesSource(client, self.datastore, pool_name, k8s, readiness=synced)
+
+    async def _update_kubernetes_ready(self) -> None:
+        # synced and (without HA, or) leading; never ready again once draining
+        ready = self._pool_synced and self._leading and not self._draining
+        await self.health.set_ready(ready)
+
+    @property
+    def elector(self) -> LeaderElector | None:
+        """The Lease holder-or-candidate, with --ha-enable-leader-election (tests)."""
+        return self._elector
+
+    @property
+    def kubernetes(self) -> KubernetesSource | None:
+        """The Kubernetes source, when it feeds the pool (tests wait on its first sync)."""
+        return self._kubernetes
 
     def _pool_stats(self) -> PoolStats | None:
         pool = self.datastore.pool
@@ -169,7 +226,8 @@ class App:
             client_ca = load_client_ca(server_settings.client_ca_file)
         director = self._build_director()
         self.datastore.on_endpoints_changed(self._scraper.set_endpoints)
-        self._source.load_initial()
+        if self._source is not None:
+            self._source.load_initial()
         await self.health.start()
         await self._scraper.start()
         self._scraper.set_endpoints(self.datastore.endpoints)
@@ -213,8 +271,14 @@ class App:
                 f"cannot listen on {_format_address(host, server_settings.metrics_port)}: "
                 f"{exc.strerror}"
             ) from exc
-        self._spawn("pool-file-watch", self._source.watch())
-        await self.health.set_ready(self.datastore.loaded)
+        if self._source is not None:
+            self._spawn("pool-file-watch", self._source.watch())
+            await self.health.set_ready(self.datastore.loaded)
+        if self._kubernetes is not None:  # ready at its first full sync, not before
+            for name, coro in self._kubernetes.tasks():
+                self._spawn(name, coro)
+            if self._elector is not None:
+                self._spawn("kubernetes-leader-election", self._elector.run())
         self.ports = BoundPorts(ext_port, health_port, metrics_port)
         log.info(
             "endpoint picker serving",
@@ -238,7 +302,9 @@ class App:
         async def health_handler(_: web.Request) -> web.Response:
             ok = self.health.ready
             text = "ok" if ok else "not ready"
-            if ok and not self._source.healthy:
+            if ok and self._kubernetes is not None and not self._kubernetes.healthy:
+                text = "ok (a Kubernetes watch is reconnecting; serving the last state)"
+            if ok and self._source is not None and not self._source.healthy:
                 # Still ready: the last good pool serves; a bad edit must not take the EPP out.
                 text = "ok (pool file change refused; serving the last good pool)"
             return web.Response(status=200 if ok else 503, text=text)
@@ -263,7 +329,10 @@ class App:
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Drain: report NOT_SERVING, stop accepting, let open streams finish, then exit."""
         grace = self.settings.server.drain_timeout if drain_timeout is None else drain_timeout
+        self._draining = True
         await self.health.set_ready(False)
+        if self._elector is not None:  # a standby may lead while this replica drains
+            await self._elector.release()
         log.info("draining", grace_seconds=grace)
         # ext_proc refuses new streams and lets open ones finish; the health port keeps
         # answering NOT_SERVING until then, so probes and Envoy see the drain, not a refusal.
@@ -274,6 +343,8 @@ class App:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self._kubernetes is not None:
+            await self._kubernetes.close()
         await self._scraper.stop()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()

@@ -17,6 +17,9 @@ from typing import Any, NoReturn
 from endpoint_picker import __version__
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.settings import (
+    GROUP_V1,
+    GROUP_V1ALPHA2,
+    KubernetesSettings,
     LoggingSettings,
     PoolSettings,
     SchedulingSettings,
@@ -75,12 +78,39 @@ def _add_pool_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pool-file", type=Path, help="the pool file (InferencePool, InferenceModels, Pods)"
     )
-    p.add_argument("--pool-name", help="which InferencePool to serve (default: the only one)")
+    p.add_argument(
+        "--pool-name",
+        help="which InferencePool to serve: in the pool file (default: the only one), or, "
+        "without --pool-file, the one to watch in Kubernetes",
+    )
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     d = Settings()
     _add_pool_flags(p)
+    p.add_argument(
+        "--pool-namespace",
+        metavar="NS",
+        help="Kubernetes: the pool's namespace (default: $NAMESPACE, then default)",
+    )
+    p.add_argument(
+        "--pool-group",
+        choices=(GROUP_V1ALPHA2, GROUP_V1),
+        default=d.pool.kubernetes.group,
+        help="Kubernetes: the InferencePool's API group (v1alpha2 or v1)",
+    )
+    p.add_argument(
+        "--ha-enable-leader-election",
+        action="store_true",
+        help="Kubernetes: active-passive HA; only the holder of a coordination.k8s.io Lease "
+        "reports ready",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="PATH",
+        help="Kubernetes: credentials (default: in-cluster, then $KUBECONFIG, ~/.kube/config)",
+    )
     p.add_argument(
         "--pool-file-settle-time",
         type=DURATION,
@@ -282,8 +312,15 @@ def _metric_overrides(args: argparse.Namespace) -> dict[str, dict[str, str]]:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    if args.pool_file is None:
-        raise ConfigError("--pool-file is required (the Kubernetes source is not built yet)")
+    if args.pool_file is None and not args.pool_name:
+        raise ConfigError("give --pool-file PATH, or --pool-name NAME to watch Kubernetes")
+    if args.pool_file is not None and (
+        args.pool_namespace or args.kubeconfig or args.ha_enable_leader_election
+    ):
+        raise ConfigError(
+            "--pool-namespace, --kubeconfig and --ha-enable-leader-election are for Kubernetes, "
+            "not --pool-file"
+        )
     if args.cert_path is not None and not args.secure_serving:
         raise ConfigError("--cert-path needs --secure-serving true")
     if args.client_ca_file is not None and not args.secure_serving:
@@ -313,6 +350,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             pool_name=args.pool_name,
             allow_unknown_models=args.allow_unknown_models,
             reload_settle_time=args.pool_file_settle_time,
+            kubernetes=KubernetesSettings(
+                namespace=args.pool_namespace or os.environ.get("NAMESPACE") or "default",
+                group=args.pool_group,
+                kubeconfig=args.kubeconfig,
+                leader_election=args.ha_enable_leader_election,
+            ),
         ),
         scheduling=SchedulingSettings(
             config_file=args.config_file, max_fallback_endpoints=args.max_fallback_endpoints
@@ -356,6 +399,7 @@ async def _serve(settings: Settings) -> None:
 def _validate(args: argparse.Namespace) -> int:
     from endpoint_picker.datastore.pool import resolve_pool
     from endpoint_picker.datastore.sources.file import load_pool_file
+    from endpoint_picker.director import criticality_of_priority
     from endpoint_picker.scheduling import describe, load_config
 
     if args.pool_file is None and args.config_file is None:
@@ -371,6 +415,9 @@ def _validate(args: argparse.Namespace) -> int:
         for model in resolved.models.values():
             split = ", ".join(f"{t.name}={t.weight}" for t in model.target_models) or "no split"
             print(f"  model {model.model_name}: {model.criticality.value}, {split}")
+        for objective in resolved.objectives.values():
+            crit = criticality_of_priority(objective.priority).value
+            print(f"  objective {objective.name}: priority {objective.priority} ({crit})")
         for endpoint in resolved.endpoints:
             print(f"  endpoint {endpoint.hostport} (pod {endpoint.pod_name})")
         ignored = len(state.pods) - len({e.pod_name for e in resolved.endpoints})

@@ -2,7 +2,9 @@
 
 The steps, in order (the first failing one decides the status): the path (404 unless it is
 an inference API, see ``requests.INFERENCE_PATHS``; checked on the headers, before any body is
-buffered), parse (400), model lookup (404), traffic split (503 when every weight is zero),
+buffered), parse (400), model lookup (404), traffic split (503 when every weight is zero), the
+request's InferenceObjective (``x-gateway-inference-objective``: its priority replaces the
+model's criticality; an unknown name changes nothing),
 candidates after the subset hint and without endpoints known to be unreachable (503), load
 shedding of sheddable requests (429), scheduling (503 when nothing is left).
 """
@@ -19,7 +21,7 @@ from typing import Protocol
 import orjson
 import structlog
 
-from endpoint_picker.datastore import InferenceModel, InferencePool
+from endpoint_picker.datastore import InferenceModel, InferenceObjective, InferencePool
 from endpoint_picker.errors import (
     BadRequestError,
     ModelNotFoundError,
@@ -42,6 +44,17 @@ from endpoint_picker.types import Criticality, EndpointState, parse_hostport
 
 log = structlog.get_logger(__name__)
 
+# The request header naming the request's InferenceObjective (the reference EPP's).
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+
+
+def criticality_of_priority(priority: int) -> Criticality:
+    """An InferenceObjective's priority as criticality: negative is Sheddable (shed when the
+    pool is saturated, as the reference does), 0 (or unset) Standard, positive Critical."""
+    if priority < 0:
+        return Criticality.SHEDDABLE
+    return Criticality.CRITICAL if priority > 0 else Criticality.STANDARD
+
 
 class PoolReader(Protocol):
     """What the director reads of the datastore."""
@@ -50,6 +63,8 @@ class PoolReader(Protocol):
     def pool(self) -> InferencePool | None: ...
 
     def model(self, model_name: str) -> InferenceModel | None: ...
+
+    def objective(self, name: str) -> InferenceObjective | None: ...
 
     def model_names(self) -> tuple[str, ...]: ...
 
@@ -129,7 +144,7 @@ class Director:
     ) -> None:
         self._pool = pool
         self._lifecycle = lifecycle or Lifecycle()
-        self._request_headers = frozenset(h.lower() for h in request_headers)
+        self._request_headers = frozenset(h.lower() for h in request_headers) | {OBJECTIVE_HEADER}
         self._session_tokens = session_tokens
         self._extra_paths = frozenset(normalize_path(p) for p in extra_paths)
         self._scheduler = scheduler
@@ -185,7 +200,7 @@ class Director:
         request: LLMRequest | None = None
         try:
             request = parse_request(request_id, self.resolve_api(path), raw_body, headers)
-            request = self._resolve_model(request)
+            request = self._apply_objective(self._resolve_model(request))
             return self._schedule(request, subset)
         except RequestError as exc:
             if request is not None:
@@ -220,6 +235,16 @@ class Director:
             crit = Criticality.STANDARD if pool.passes_unknown_models else Criticality.SHEDDABLE
             return replace(request, criticality=crit)
         return replace(request, target_model=self._split(model), criticality=model.criticality)
+
+    def _apply_objective(self, request: LLMRequest) -> LLMRequest:
+        name = request.headers.get(OBJECTIVE_HEADER)
+        if not name:
+            return request
+        objective = self._pool.objective(name)
+        if objective is None:
+            log.debug("unknown InferenceObjective; the model's criticality stands", name=clip(name))
+            return request
+        return replace(request, criticality=criticality_of_priority(objective.priority))
 
     def _split(self, model: InferenceModel) -> str:
         if not model.target_models:

@@ -82,6 +82,35 @@ class ServerSettings:
     max_request_header_bytes: int = 60 * 1024
 
 
+GROUP_V1ALPHA2 = "inference.networking.x-k8s.io"  # InferencePool v1alpha2, InferenceModel
+GROUP_V1 = "inference.networking.k8s.io"  # InferencePool v1
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSettings:
+    """The Kubernetes source (``--pool-name`` without ``--pool-file``): where and how to watch."""
+
+    namespace: str = "default"  # --pool-namespace, else $NAMESPACE, else default
+    group: str = GROUP_V1ALPHA2  # the InferencePool's API group
+    kubeconfig: Path | None = None  # None: in-cluster credentials, else $KUBECONFIG, ~/.kube/config
+    request_timeout: float = 10.0  # seconds for one list request (connect and read)
+    # A watch request asks the API server to end it after this many seconds (timeoutSeconds);
+    # the client then watches again from the last resourceVersion it saw.
+    watch_timeout: float = 60.0
+    # Seconds a watch may stay silent before it is dropped and reopened (past watch_timeout:
+    # a healthy server ends a quiet watch itself; a half-open connection never would).
+    inactivity_timeout: float = 90.0
+    backoff_initial: float = 0.2  # seconds before the first reconnect, doubled up to the max
+    backoff_max: float = 10.0
+    missing_resource_retry: float = 30.0  # seconds between looks for a CRD that is not installed
+    # Active-passive HA (--ha-enable-leader-election): only the holder of the Lease is ready.
+    leader_election: bool = False
+    lease_name: str = ""  # "": endpoint-picker-<pool name>
+    lease_duration: float = 15.0  # seconds a silent holder keeps the Lease
+    renew_deadline: float = 10.0  # seconds a leader may fail to renew before it steps down
+    retry_period: float = 2.0  # seconds between attempts to acquire or renew
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSettings:
     """Where the pool comes from and how unknown models are treated."""
@@ -94,6 +123,7 @@ class PoolSettings:
     # Seconds a changed pool file must stay unchanged before it is applied, so that a file
     # caught mid-write is never served (the first load at start is immediate).
     reload_settle_time: float = 0.5
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
 
 
 @dataclass(frozen=True, slots=True)

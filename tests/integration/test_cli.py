@@ -35,7 +35,13 @@ def test_version() -> None:
         (["serve", "--drain-timeout", "5"], "invalid duration"),
         (["serve", "--secure-serving", "maybe"], "invalid boolean"),
         (["serve", "--bogus"], "unrecognized arguments"),
-        (["serve"], "--pool-file is required"),
+        (["serve"], "give --pool-file PATH, or --pool-name NAME"),
+        (["serve", "--pool-file", "p.yaml", "--pool-namespace", "ns"], "are for Kubernetes"),
+        (["serve", "--pool-name", "p", "--pool-group", "x.io"], "invalid choice"),
+        (
+            ["serve", "--pool-name", "p", "--kubeconfig", "/nonexistent/kubeconfig"],
+            "cannot load Kubernetes credentials",
+        ),
     ],
 )
 def test_bad_flags_one_line_exit_2(args: list[str], message: str) -> None:

@@ -53,6 +53,24 @@ def model(
     return {"apiVersion": V1ALPHA2, "kind": "InferenceModel", "metadata": meta, "spec": spec}
 
 
+def objective(
+    name: str,
+    *,
+    priority: int | None = None,
+    pool_ref: str = "pool",
+    namespace: str = "default",
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"poolRef": {"name": pool_ref}}
+    if priority is not None:
+        spec["priority"] = priority
+    return {
+        "apiVersion": V1ALPHA2,
+        "kind": "InferenceObjective",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
 def pod(
     name: str,
     ip: str,

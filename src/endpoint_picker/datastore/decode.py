@@ -16,6 +16,7 @@ from endpoint_picker.datastore.objects import (
     API_V1ALPHA2,
     ClusterState,
     InferenceModel,
+    InferenceObjective,
     InferencePool,
     Pod,
     TargetModel,
@@ -27,6 +28,7 @@ _KNOWN_KINDS = {
     ("InferencePool", API_V1ALPHA2),
     ("InferencePool", API_V1),
     ("InferenceModel", API_V1ALPHA2),
+    ("InferenceObjective", API_V1ALPHA2),
     ("Pod", "v1"),
 }
 
@@ -159,6 +161,24 @@ def _decode_model(doc: Mapping[str, Any], order: int, f: _Fields) -> InferenceMo
     )
 
 
+def _decode_objective(doc: Mapping[str, Any], f: _Fields) -> InferenceObjective:
+    meta = f.mapping(doc.get("metadata"), "metadata")
+    spec = f.mapping(doc.get("spec"), "spec")
+    priority = spec.get("priority", 0)
+    if priority is None:
+        priority = 0
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise f.fail("spec.priority", "must be an integer (negative: sheddable)")
+    pool_ref = f.mapping(spec.get("poolRef"), "spec.poolRef")
+    return InferenceObjective(
+        name=f.string(meta.get("name"), "metadata.name"),
+        namespace=f.string(meta.get("namespace"), "metadata.namespace", required=False)
+        or "default",
+        priority=priority,
+        pool_ref=f.string(pool_ref.get("name"), "spec.poolRef.name"),
+    )
+
+
 def _decode_pod(doc: Mapping[str, Any], f: _Fields) -> Pod:
     meta = f.mapping(doc.get("metadata"), "metadata")
     status = f.mapping(doc.get("status"), "status", required=False)
@@ -190,6 +210,7 @@ def decode_documents(docs: Iterable[Any], source: str) -> ClusterState:
     pools: list[InferencePool] = []
     models: list[InferenceModel] = []
     pods: list[Pod] = []
+    objectives: list[InferenceObjective] = []
     for index, doc in enumerate(docs, start=1):
         if doc is None:
             continue
@@ -211,12 +232,16 @@ def decode_documents(docs: Iterable[Any], source: str) -> ClusterState:
             raise f.fail(
                 "kind",
                 f"unsupported {kind!r} {api!r} (expected InferencePool {API_V1ALPHA2} or {API_V1}, "
-                f"InferenceModel {API_V1ALPHA2}, Pod v1)",
+                f"InferenceModel or InferenceObjective {API_V1ALPHA2}, Pod v1)",
             )
         if kind == "InferencePool":
             pools.append(_decode_pool(doc, str(api), f))
         elif kind == "InferenceModel":
             models.append(_decode_model(doc, index, f))
+        elif kind == "InferenceObjective":
+            objectives.append(_decode_objective(doc, f))
         else:
             pods.append(_decode_pod(doc, f))
-    return ClusterState(pools=tuple(pools), models=tuple(models), pods=tuple(pods))
+    return ClusterState(
+        pools=tuple(pools), models=tuple(models), pods=tuple(pods), objectives=tuple(objectives)
+    )

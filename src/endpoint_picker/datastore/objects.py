@@ -51,6 +51,18 @@ class InferenceModel:
 
 
 @dataclass(frozen=True, slots=True)
+class InferenceObjective:
+    """A request class of a pool (``x-k8s.io/v1alpha2``), named by the request header
+    ``x-gateway-inference-objective``; its ``priority`` stands in for InferenceModel criticality
+    (negative: sheddable)."""
+
+    name: str
+    namespace: str
+    priority: int  # unset is 0
+    pool_ref: str
+
+
+@dataclass(frozen=True, slots=True)
 class Pod:
     name: str
     namespace: str
@@ -66,3 +78,4 @@ class ClusterState:
     pools: tuple[InferencePool, ...] = ()
     models: tuple[InferenceModel, ...] = ()
     pods: tuple[Pod, ...] = ()
+    objectives: tuple[InferenceObjective, ...] = ()

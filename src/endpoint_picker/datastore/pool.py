@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from endpoint_picker.datastore.objects import ClusterState, InferenceModel, InferencePool, Pod
+from endpoint_picker.datastore.objects import (
+    ClusterState,
+    InferenceModel,
+    InferenceObjective,
+    InferencePool,
+    Pod,
+)
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.types import Endpoint
 
@@ -20,6 +26,10 @@ class PoolState:
     endpoints: tuple[Endpoint, ...]
     # Every model name the pool configures: InferenceModel names and their target models.
     configured_names: frozenset[str] = frozenset()
+    # The pool's InferenceObjectives by name (what x-gateway-inference-objective names).
+    objectives: Mapping[str, InferenceObjective] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 def select_pool(state: ClusterState, pool_name: str | None) -> InferencePool:
@@ -76,10 +86,20 @@ def pool_models(
     return chosen
 
 
+def pool_objectives(
+    pool: InferencePool, objectives: tuple[InferenceObjective, ...]
+) -> dict[str, InferenceObjective]:
+    """The InferenceObjectives whose poolRef names the pool, in its namespace, by name."""
+    return {
+        o.name: o for o in objectives if o.pool_ref == pool.name and o.namespace == pool.namespace
+    }
+
+
 def resolve_pool(state: ClusterState, pool_name: str | None) -> PoolState:
     pool = select_pool(state, pool_name)
     models = pool_models(pool, state.models)
     return PoolState(
+        objectives=MappingProxyType(pool_objectives(pool, state.objectives)),
         pool=pool,
         models=MappingProxyType(models),
         endpoints=pool_endpoints(pool, state.pods),

@@ -16,7 +16,12 @@ from collections.abc import Callable
 
 import structlog
 
-from endpoint_picker.datastore.objects import ClusterState, InferenceModel, InferencePool
+from endpoint_picker.datastore.objects import (
+    ClusterState,
+    InferenceModel,
+    InferenceObjective,
+    InferencePool,
+)
 from endpoint_picker.datastore.pool import PoolState, resolve_pool
 from endpoint_picker.types import EMPTY_METRICS, Endpoint, EndpointState, MetricsSnapshot
 
@@ -98,6 +103,10 @@ class Datastore:
 
     def model(self, model_name: str) -> InferenceModel | None:
         return self._state.models.get(model_name) if self._state else None
+
+    def objective(self, name: str) -> InferenceObjective | None:
+        """The pool's InferenceObjective called ``name``, if any."""
+        return self._state.objectives.get(name) if self._state else None
 
     def is_configured_model(self, name: str) -> bool:
         """Whether the pool names ``name``: an InferenceModel or one of its target models."""

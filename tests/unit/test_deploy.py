@@ -1,0 +1,297 @@
+"""The deployment artefacts: the kustomize base renders and validates, the CRDs hold the
+examples, the Deployment's arguments parse, the Dockerfile runs as non-root without build tools."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from endpoint_picker.cli import build_parser, settings_from_args
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S_VERSION = "1.32.0"  # the oldest Kubernetes the manifests target (gRPC probes are GA)
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / "kubernetes")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    return {d["kind"]: d for d in yaml.safe_load_all(out) if d}
+
+
+def crd_schema(group: str, plural: str, version: str) -> dict[str, Any]:
+    for path in (DEPLOY / "crds").glob("*.yaml"):
+        for doc in load_all(path):
+            if doc["kind"] != "CustomResourceDefinition":
+                continue
+            spec = doc["spec"]
+            if spec["group"] == group and spec["names"]["plural"] == plural:
+                for v in spec["versions"]:
+                    if v["name"] == version:
+                        return dict(v["schema"]["openAPIV3Schema"])
+    raise AssertionError(f"no CRD for {plural}.{group}/{version}")
+
+
+def test_kustomize_base_renders_the_expected_objects(rendered: dict[str, dict[str, Any]]) -> None:
+    """kubectl kustomize deploy/kubernetes gives exactly the EPP's five objects."""
+    assert set(rendered) == {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"}
+
+
+def test_rendered_objects_and_crds_validate_against_kubernetes_schemas(
+    rendered: dict[str, dict[str, Any]],
+) -> None:
+    """Every rendered object and every CRD passes Kubernetes' own schemas (strict)."""
+    crds = [d for p in sorted((DEPLOY / "crds").glob("*_*.yaml")) for d in load_all(p)]
+    assert len(crds) == 4
+    for obj in [*rendered.values(), *crds]:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_deployment_is_hardened_and_probed_on_9003(rendered: dict[str, dict[str, Any]]) -> None:
+    """Non-root, read-only root filesystem, no capabilities, gRPC probes on 9003, requests set,
+    and a grace period longer than the drain."""
+    pod = rendered["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    args = container["args"]
+    drain = args[args.index("--drain-timeout") + 1]
+    assert pod["terminationGracePeriodSeconds"] > int(drain.removesuffix("s"))
+    ports = {p["port"] for p in rendered["Service"]["spec"]["ports"]}
+    assert ports == {9002, 9003, 9090}
+
+
+def test_deployment_args_parse_into_kubernetes_settings(
+    rendered: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Deployment's arguments are valid `epp` flags selecting the Kubernetes source."""
+    (container,) = rendered["Deployment"]["spec"]["template"]["spec"]["containers"]
+    monkeypatch.setenv("NAMESPACE", "serving")  # what the downward API sets
+    settings = settings_from_args(build_parser().parse_args(container["args"]))
+    assert settings.pool.pool_file is None
+    assert settings.pool.pool_name == "vllm-llama3-8b"
+    assert settings.pool.kubernetes.namespace == "serving"
+
+
+def test_rbac_is_namespaced_and_read_only(rendered: dict[str, dict[str, Any]]) -> None:
+    """The Role only reads pods and the inference kinds; it is bound to the EPP."""
+    rules = rendered["Role"]["rules"]
+    assert {v for r in rules for v in r["verbs"]} == {"get", "list", "watch"}
+    assert {res for r in rules for res in r["resources"]} == {
+        "pods",
+        "inferencepools",
+        "inferencemodels",
+        "inferenceobjectives",
+    }
+    binding = rendered["RoleBinding"]
+    assert binding["subjects"][0]["name"] == rendered["ServiceAccount"]["metadata"]["name"]
+    assert (
+        rendered["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"]
+        == (rendered["ServiceAccount"]["metadata"]["name"])
+    )
+
+
+def test_ha_component_adds_two_replicas_leader_election_and_lease_rbac(tmp_path: Path) -> None:
+    """deploy/kubernetes/ha in an overlay: two replicas, the flag (which parses), and lease
+    verbs in a Role of their own; every object still validates."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    base = os.path.relpath(DEPLOY / "kubernetes", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{base}]\ncomponents: [{base}/ha]\n"
+    )
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    objects = [d for d in yaml.safe_load_all(out) if d]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    settings = settings_from_args(build_parser().parse_args(container["args"]))
+    assert settings.pool.kubernetes.leader_election
+    lease_rules = [
+        r for o in objects if o["kind"] == "Role" for r in o["rules"] if "leases" in r["resources"]
+    ]
+    assert lease_rules == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]
+
+
+def _example_objects() -> list[dict[str, Any]]:
+    docs = load_all(DEPLOY / "examples" / "pool.yaml")
+    for path in sorted((DEPLOY / "examples").glob("kubernetes/*.yaml")):
+        docs += load_all(path)
+    return [
+        d for d in docs if d["kind"] in ("InferencePool", "InferenceModel", "InferenceObjective")
+    ]
+
+
+def _schema_for(obj: dict[str, Any]) -> dict[str, Any]:
+    group, version = obj["apiVersion"].split("/")
+    return crd_schema(group, obj["kind"].lower() + "s", version)
+
+
+def test_example_pools_and_models_validate_against_the_repo_crds() -> None:
+    """Every example InferencePool, InferenceModel and InferenceObjective satisfies the repo's
+    CRD schema."""
+    objects = _example_objects()
+    assert {o["kind"] for o in objects} == {"InferencePool", "InferenceModel", "InferenceObjective"}
+    for obj in objects:
+        jsonschema.validate(obj, _schema_for(obj))
+
+
+def test_example_workloads_validate_against_kubernetes_schemas() -> None:
+    """The examples' built-in kinds (the vLLM Deployment) pass Kubernetes' own schemas."""
+    builtin = [
+        d
+        for path in sorted((DEPLOY / "examples").glob("kubernetes/*.yaml"))
+        for d in load_all(path)
+        if d["apiVersion"] in ("v1", "apps/v1")
+    ]
+    assert builtin
+    for obj in builtin:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "field"),
+    [
+        (
+            "InferenceModel",
+            {"modelName": "m", "poolRef": {"name": "p"}, "criticality": "Urgent"},
+            "criticality",
+        ),
+        ("InferenceModel", {"modelName": "", "poolRef": {"name": "p"}}, "modelName"),
+        ("InferenceModel", {"modelName": "m" * 257, "poolRef": {"name": "p"}}, "modelName"),
+        (
+            "InferenceModel",
+            {
+                "modelName": "m",
+                "poolRef": {"name": "p"},
+                "targetModels": [{"name": "a", "weight": -1}],
+            },
+            "weight",
+        ),
+        ("InferenceModel", {"modelName": "m"}, "poolRef"),
+        ("InferenceObjective", {"poolRef": {"name": "p"}, "priority": "high"}, "priority"),
+        ("InferenceObjective", {"poolRef": {"name": "p"}, "priority": 2**31}, "priority"),
+        ("InferenceObjective", {"priority": 1}, "poolRef"),
+        ("InferencePool", {"selector": {"app": "x"}, "targetPortNumber": 0}, "targetPortNumber"),
+        (
+            "InferencePool",
+            {"selector": {"app": "x"}, "targetPortNumber": 70000},
+            "targetPortNumber",
+        ),
+        ("InferencePool", {"selector": {}, "targetPortNumber": 8000}, "selector"),
+        (
+            "InferencePool",
+            {
+                "selector": {"app": "x"},
+                "targetPortNumber": 8000,
+                "extensionRef": {"name": "e", "failureMode": "Maybe"},
+            },
+            "failureMode",
+        ),
+    ],
+)
+def test_crd_bounds_refuse_out_of_range_fields(kind: str, spec: dict[str, Any], field: str) -> None:
+    """The CRDs' OpenAPI bounds refuse bad enums, lengths, weights and ports."""
+    obj = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": kind,
+        "metadata": {"name": "x"},
+        "spec": spec,
+    }
+    with pytest.raises(jsonschema.ValidationError) as info:
+        jsonschema.validate(obj, _schema_for(obj))
+    assert field in "/".join(map(str, info.value.absolute_path)) + info.value.message
+
+
+def test_v1_pool_crd_needs_endpoint_picker_ref_and_bounded_ports() -> None:
+    """The v1 InferencePool requires endpointPickerRef and one to eight target ports."""
+    schema = crd_schema("inference.networking.k8s.io", "inferencepools", "v1")
+    good = {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "p"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "targetPorts": [{"number": 8000}],
+            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
+        },
+    }
+    jsonschema.validate(good, schema)
+    for bad_spec in (
+        {**good["spec"], "targetPorts": []},
+        {**good["spec"], "targetPorts": [{"number": p} for p in range(8000, 8009)]},
+        {k: v for k, v in good["spec"].items() if k != "endpointPickerRef"},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**good, "spec": bad_spec}, schema)
+
+
+def _final_stage(dockerfile: str) -> list[str]:
+    lines = [
+        line.strip()
+        for line in re.sub(r"\\\n", " ", dockerfile).splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    starts = [i for i, line in enumerate(lines) if line.upper().startswith("FROM ")]
+    assert len(starts) >= 2, "a multi-stage build"
+    return lines[starts[-1] :]
+
+
+def test_dockerfile_final_stage_is_non_root_and_has_no_build_tools() -> None:
+    """The image's last stage runs as a non-root user and installs no compilers or packages."""
+    stage = _final_stage((ROOT / "Dockerfile").read_text())
+    assert "slim" in stage[0]
+    users = [line.split()[1] for line in stage if line.upper().startswith("USER ")]
+    assert users, "the final stage sets USER"
+    assert users[-1].split(":")[0] not in ("0", "root")
+    text = "\n".join(stage).lower()
+    for tool in ("apt-get", "apk ", "gcc", "build-essential", "pip install", "make "):
+        assert tool not in text, tool
+    assert any(line.upper().startswith("COPY --FROM=") for line in stage)
