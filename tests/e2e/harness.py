@@ -161,7 +161,7 @@ async def running_epp(
     refresh_interval: float | None = None,
 ) -> AsyncIterator[App]:
     """The EPP in process (TLS with a self-signed certificate, like the shipped configs)."""
-    settings = make_settings(tmp_path, pool_text)
+    settings = make_settings(tmp_path, pool_text, scraping=True)
     settings = replace(
         settings,
         server=replace(settings.server, secure_serving=tls),

@@ -17,7 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
 from endpoint_picker.app import App
-from endpoint_picker.settings import PoolSettings, ServerSettings, Settings
+from endpoint_picker.settings import PoolSettings, ScrapeSettings, ServerSettings, Settings
 
 Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = Mode.FULL_DUPLEX_STREAMED
@@ -137,10 +137,21 @@ class Client:
         raise AssertionError("the stream succeeded")
 
 
-def make_settings(tmp_path: Path, pool_text: str, **pool_overrides: Any) -> Settings:
+def make_settings(
+    tmp_path: Path, pool_text: str, *, scraping: bool = False, **pool_overrides: Any
+) -> Settings:
+    """Settings for an in-process EPP. Without ``scraping`` the scrapers wait an hour between
+    scrapes: the pods of most tests have no server, and a refused scrape would mark them
+    unreachable in the middle of a test that counts endpoints."""
     pool_file = tmp_path / "pool.yaml"
     pool_file.write_text(pool_text)
+    scrape = (
+        ScrapeSettings()
+        if scraping
+        else ScrapeSettings(refresh_interval=3600.0, staleness_threshold=36000.0)
+    )
     return Settings(
+        scrape=scrape,
         server=ServerSettings(
             bind_address="127.0.0.1",
             grpc_port=0,
