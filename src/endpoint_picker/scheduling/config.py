@@ -103,7 +103,7 @@ schedulingProfiles:
   - pluginRef: kv-cache-utilization-scorer
     weight: 1
   - pluginRef: lora-affinity-scorer
-    weight: 1
+    weight: 4
   - pluginRef: max-score-picker
 """
 

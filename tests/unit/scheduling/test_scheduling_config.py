@@ -233,7 +233,7 @@ def test_no_file_gives_the_default_profile() -> None:
     assert (
         "scorers: prefix-cache-scorer (weight 8), session-affinity-scorer (weight 2), "
         "inflight-load-scorer (weight 1), queue-scorer (weight 1), "
-        "kv-cache-utilization-scorer (weight 1), lora-affinity-scorer (weight 1)"
+        "kv-cache-utilization-scorer (weight 1), lora-affinity-scorer (weight 4)"
     ) in summary
     assert "picker: max-score-picker" in summary
     assert "saturation detector: utilization-detector" in summary
