@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -16,7 +15,7 @@ from endpoint_picker.app import App
 from endpoint_picker.envoy_config import EnvoyConfigError, render
 from tests.e2e.harness import Backend, backends, e2e_pool, post, running_envoy
 from tests.support.extproc import make_settings
-from tests.support.pki import Pki, make_pki
+from tests.support.pki import Pki, make_pki, with_mtls
 
 PAYLOAD = {"model": "m", "prompt": "hello"}
 
@@ -30,15 +29,7 @@ async def pool_backends() -> AsyncIterator[list[Backend]]:
 @contextlib.asynccontextmanager
 async def mtls_epp(tmp_path: Path, pki: Pki, pool_text: str) -> AsyncIterator[App]:
     """The EPP with a CA-signed server certificate, requiring client certificates."""
-    ca_file, _ = pki.ca.write(tmp_path / "ca", "ca")
-    settings = make_settings(tmp_path, pool_text)
-    server = replace(
-        settings.server,
-        secure_serving=True,
-        cert_path=pki.write_server_dir(tmp_path / "server"),
-        client_ca_file=ca_file,
-    )
-    app = App(replace(settings, server=server))
+    app = App(with_mtls(make_settings(tmp_path, pool_text), pki, tmp_path))
     await app.start()
     try:
         yield app

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tests.integration.test_informed_scheduling import (
     FakeClock,
@@ -20,7 +23,7 @@ from tests.support.extproc import (
     response_headers,
 )
 from tests.support.extproc import running_app as _running_app
-from tests.support.model_servers import fake_model_servers, vllm_metrics
+from tests.support.model_servers import FakeModelServer, fake_model_servers, vllm_metrics
 
 from endpoint_picker.app import App
 from endpoint_picker.scheduling.plugins.session import token_endpoint
@@ -58,6 +61,17 @@ def with_config(tmp_path: Path, settings: Settings) -> Settings:
     return replace(settings, scheduling=replace(settings.scheduling, config_file=config))
 
 
+@contextlib.asynccontextmanager
+async def affinity_app(tmp_path: Path) -> AsyncIterator[tuple[App, Any, list[FakeModelServer]]]:
+    """Three fake model servers, the EPP with CONFIG in front, every endpoint scraped once."""
+    clock = FakeClock()
+    async with fake_model_servers(ADDRS) as servers:
+        settings = with_config(tmp_path, settings_for(tmp_path, servers))
+        async with _running_app(settings, clock=clock) as (app, client):
+            await wait_for_metrics(app, all_scraped_at(clock))
+            yield app, client, servers
+
+
 async def complete(
     client, prompt: str, extra: dict[str, str] | None = None
 ) -> tuple[str, dict[str, str]]:  # type: ignore[no-untyped-def]
@@ -81,13 +95,9 @@ async def complete(
 
 async def test_a_repeated_prefix_lands_on_the_same_endpoint(tmp_path: Path) -> None:
     """Requests sharing a long system prompt follow the first one's endpoint."""
-    clock = FakeClock()
-    async with fake_model_servers(ADDRS) as servers:
-        settings = with_config(tmp_path, settings_for(tmp_path, servers))
-        async with _running_app(settings, clock=clock) as (app, client):
-            await wait_for_metrics(app, all_scraped_at(clock))
-            picks = [(await complete(client, f"{SYSTEM} question {i}"))[0] for i in range(12)]
-            exported = app.metrics.render().decode()
+    async with affinity_app(tmp_path) as (app, client, _servers):
+        picks = [(await complete(client, f"{SYSTEM} question {i}"))[0] for i in range(12)]
+        exported = app.metrics.render().decode()
     assert len(set(picks)) == 1
     sizes = [
         line
@@ -100,67 +110,50 @@ async def test_a_repeated_prefix_lands_on_the_same_endpoint(tmp_path: Path) -> N
 
 async def test_a_busy_holder_of_the_prefix_is_passed_over(tmp_path: Path) -> None:
     """When the prefix's endpoint is past the load bound, the prefix gets a second home."""
-    clock = FakeClock()
-    async with fake_model_servers(ADDRS) as servers:
-        settings = with_config(tmp_path, settings_for(tmp_path, servers))
-        async with _running_app(settings, clock=clock) as (app, client):
-            await wait_for_metrics(app, all_scraped_at(clock))
-            holder, _ = await complete(client, f"{SYSTEM} first")
-            busy = next(s for s in servers if s.hostport == holder)
-            busy.metrics_text = vllm_metrics(waiting=12)
+    async with affinity_app(tmp_path) as (app, client, servers):
+        holder, _ = await complete(client, f"{SYSTEM} first")
+        busy = next(s for s in servers if s.hostport == holder)
+        busy.metrics_text = vllm_metrics(waiting=12)
 
-            def busy_seen(app: App) -> bool:
-                states = {s.hostport: s for s in app.datastore.endpoint_states()}
-                return states[holder].metrics.waiting_queue_size == 12
+        def busy_seen(app: App) -> bool:
+            states = {s.hostport: s for s in app.datastore.endpoint_states()}
+            return states[holder].metrics.waiting_queue_size == 12
 
-            await wait_for_metrics(app, busy_seen)
-            elsewhere = [(await complete(client, f"{SYSTEM} next {i}"))[0] for i in range(6)]
+        await wait_for_metrics(app, busy_seen)
+        elsewhere = [(await complete(client, f"{SYSTEM} next {i}"))[0] for i in range(6)]
     assert holder not in elsewhere
     assert len(set(elsewhere)) == 1  # the second home keeps the prefix
 
 
 async def test_a_returned_session_token_is_honoured(tmp_path: Path) -> None:
     """The response names its endpoint in x-session-token; sending it back goes there."""
-    clock = FakeClock()
-    async with fake_model_servers(ADDRS) as servers:
-        settings = with_config(tmp_path, settings_for(tmp_path, servers))
-        async with _running_app(settings, clock=clock) as (app, client):
-            await wait_for_metrics(app, all_scraped_at(clock))
-            first, set_headers = await complete(client, "hello")
-            token = set_headers["x-session-token"]
-            assert token_endpoint(token) == first
-            again = {
-                (await complete(client, f"unrelated {i}", {"x-session-token": token}))[0]
-                for i in range(8)
-            }
+    async with affinity_app(tmp_path) as (_app, client, _servers):
+        first, set_headers = await complete(client, "hello")
+        token = set_headers["x-session-token"]
+        assert token_endpoint(token) == first
+        again = {
+            (await complete(client, f"unrelated {i}", {"x-session-token": token}))[0]
+            for i in range(8)
+        }
     assert again == {first}
 
 
 async def test_a_session_id_sticks_to_its_endpoint(tmp_path: Path) -> None:
     """Requests with the same x-session-id keep to the endpoint the session first went to."""
-    clock = FakeClock()
-    async with fake_model_servers(ADDRS) as servers:
-        settings = with_config(tmp_path, settings_for(tmp_path, servers))
-        async with _running_app(settings, clock=clock) as (app, client):
-            await wait_for_metrics(app, all_scraped_at(clock))
-            picks = {
-                (await complete(client, f"turn {i}", {"x-session-id": "conv-7"}))[0]
-                for i in range(8)
-            }
-            assert app.datastore.loaded
+    async with affinity_app(tmp_path) as (app, client, _servers):
+        picks = {
+            (await complete(client, f"turn {i}", {"x-session-id": "conv-7"}))[0] for i in range(8)
+        }
+        assert app.datastore.loaded
     assert len(picks) == 1
 
 
 async def test_streams_that_die_leave_no_inflight_count(tmp_path: Path) -> None:
     """Streams closed mid-response (or before routing) leave the in-flight count at zero."""
-    clock = FakeClock()
-    async with fake_model_servers(ADDRS) as servers:
-        settings = with_config(tmp_path, settings_for(tmp_path, servers))
-        async with _running_app(settings, clock=clock) as (app, client):
-            await wait_for_metrics(app, all_scraped_at(clock))
-            raw = json_body({"model": "crit", "prompt": "x"})
-            await client.exchange([headers(), body(raw), response_headers()])  # no body: dies
-            await client.exchange([headers(), body(raw)])  # routed, no response at all
-            await client.exchange([headers()])  # never routed
-            await complete(client, "done")
-            assert app.inflight.total == 0
+    async with affinity_app(tmp_path) as (app, client, _servers):
+        raw = json_body({"model": "crit", "prompt": "x"})
+        await client.exchange([headers(), body(raw), response_headers()])  # no body: dies
+        await client.exchange([headers(), body(raw)])  # routed, no response at all
+        await client.exchange([headers()])  # never routed
+        await complete(client, "done")
+        assert app.inflight.total == 0

@@ -12,7 +12,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from tests.support.extproc import Client, body, headers, json_body, lb_metadata, make_settings
-from tests.support.pki import KeyPair, Pki, make_pki
+from tests.support.pki import KeyPair, Pki, make_pki, with_mtls
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
@@ -29,15 +29,7 @@ def pki() -> Pki:
 
 @pytest_asyncio.fixture
 async def mtls_app(tmp_path: Path, pki: Pki) -> AsyncIterator[App]:
-    ca_file, _ = pki.ca.write(tmp_path / "ca", "ca")
-    settings = make_settings(tmp_path, POOL)
-    server = replace(
-        settings.server,
-        secure_serving=True,
-        cert_path=pki.write_server_dir(tmp_path / "server"),
-        client_ca_file=ca_file,
-    )
-    app = App(replace(settings, server=server))
+    app = App(with_mtls(make_settings(tmp_path, POOL), pki, tmp_path))
     await app.start()
     try:
         yield app

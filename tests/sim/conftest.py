@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -11,6 +10,7 @@ import pytest
 
 from endpoint_picker_sim.config import ServerConfig
 from endpoint_picker_sim.server import SimServer
+from tests.support.leaks import no_leaked_tasks
 
 from .builders import server_config
 
@@ -40,11 +40,4 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-@pytest.fixture(autouse=True)
-async def no_leaked_tasks() -> AsyncIterator[None]:
-    """Fail a test that leaves tasks running on the loop (engine tasks, handlers, clients)."""
-    yield
-    await asyncio.sleep(0)
-    current = asyncio.current_task()
-    leaked = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-    assert not leaked, f"leaked tasks: {leaked}"
+__all__ = ["no_leaked_tasks"]

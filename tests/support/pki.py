@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from endpoint_picker.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -103,3 +105,15 @@ def make_pki(name: str = "test") -> Pki:
     )
     client, _, _ = _issue("gateway", (ca_name, ca_key), usage=ExtendedKeyUsageOID.CLIENT_AUTH)
     return Pki(ca, server, client)
+
+
+def with_mtls(settings: Settings, pki: Pki, folder: Path) -> Settings:
+    """``settings`` with a CA-signed server certificate and client certificates required."""
+    ca_file, _ = pki.ca.write(folder / "ca", "ca")
+    server = replace(
+        settings.server,
+        secure_serving=True,
+        cert_path=pki.write_server_dir(folder / "server"),
+        client_ca_file=ca_file,
+    )
+    return replace(settings, server=server)

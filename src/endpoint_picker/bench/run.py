@@ -12,7 +12,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,15 +76,7 @@ async def _measure(
     problems = stats.validity(result)
     if problems:
         print(f"epp bench: {name} @ {rate:g}/s is INVALID: {'; '.join(problems)}", file=sys.stderr)
-    return TargetResult(
-        target=result.target,
-        workload=result.workload,
-        rate=result.rate,
-        duration=result.duration,
-        records=result.records,
-        fleet=result.fleet,
-        notes=tuple(problems),
-    )
+    return replace(result, notes=tuple(problems))
 
 
 async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResult]:

@@ -13,9 +13,9 @@ scoring, so nothing is hashed twice).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import structlog
 
@@ -52,6 +52,9 @@ class PoolListener(Protocol):
     def on_endpoints(self, hostports: frozenset[str]) -> None: ...
 
 
+_L = TypeVar("_L", LifecycleListener, PoolListener)
+
+
 class Lifecycle:
     """Fans events out to the listeners; a failing listener is logged, never fatal."""
 
@@ -67,27 +70,24 @@ class Lifecycle:
 
     def routed(self, request: LLMRequest, endpoint: str) -> None:
         event = Routed(request, endpoint)
-        for listener in self._listeners:
-            try:
-                listener.on_routed(event)
-            except Exception:
-                log.exception("lifecycle listener failed", listener=type(listener).__name__)
+        _each(self._listeners, lambda listener: listener.on_routed(event))
 
     def finished(self, request_id: str, ok: bool) -> None:
         event = Finished(request_id, ok)
-        for listener in self._listeners:
-            try:
-                listener.on_finished(event)
-            except Exception:
-                log.exception("lifecycle listener failed", listener=type(listener).__name__)
+        _each(self._listeners, lambda listener: listener.on_finished(event))
 
     def endpoints_changed(self, hostports: Iterable[str]) -> None:
         live = frozenset(hostports)
-        for listener in self._pool_listeners:
-            try:
-                listener.on_endpoints(live)
-            except Exception:
-                log.exception("pool listener failed", listener=type(listener).__name__)
+        _each(self._pool_listeners, lambda listener: listener.on_endpoints(live))
+
+
+def _each(listeners: Sequence[_L], call: Callable[[_L], None]) -> None:
+    """``call`` every listener; one that raises is logged and the others still run."""
+    for listener in listeners:
+        try:
+            call(listener)
+        except Exception:
+            log.exception("lifecycle listener failed", listener=type(listener).__name__)
 
 
 class InFlight:

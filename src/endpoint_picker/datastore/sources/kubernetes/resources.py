@@ -7,7 +7,7 @@ and left out; the API server's CRD validation makes that rare.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from lightkube.generic_resource import GenericNamespacedResource, create_namespaced_resource
 from lightkube.resources.core_v1 import Pod as KubePod
@@ -52,41 +52,39 @@ def pool_resource(group: str) -> tuple[str, type[GenericNamespacedResource]]:
         ) from None
 
 
-def _decode_one(doc: dict[str, Any]) -> Any:
+_Decoded = TypeVar("_Decoded", InferencePool, InferenceModel, InferenceObjective, Pod)
+
+
+def _decode_doc(doc: dict[str, Any], cls: type[_Decoded]) -> _Decoded:
+    """One document through the pool file's decoder; ``ConfigError`` names the field at fault."""
     meta = doc.get("metadata") or {}
     source = f"kubernetes {doc.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
     state = decode_documents([doc], source)
-    return (state.pools or state.models or state.pods or state.objectives)[0]
+    decoded = (state.pools or state.models or state.pods or state.objectives)[0]
+    assert isinstance(decoded, cls)
+    return decoded
+
+
+def _decode_as(
+    obj: GenericNamespacedResource, api_version: str, kind: str, cls: type[_Decoded]
+) -> _Decoded:
+    doc: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]  # lightkube: untyped
+    doc.setdefault("apiVersion", api_version)
+    doc.setdefault("kind", kind)
+    return _decode_doc(doc, cls)
 
 
 def decode_pool(obj: GenericNamespacedResource, api_version: str) -> InferencePool:
-    """An InferencePool; ``ConfigError`` names the field at fault."""
-    doc: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]  # lightkube: untyped
-    doc.setdefault("apiVersion", api_version)
-    doc.setdefault("kind", "InferencePool")
-    pool = _decode_one(doc)
-    assert isinstance(pool, InferencePool)
-    return pool
+    return _decode_as(obj, api_version, "InferencePool", InferencePool)
 
 
 def decode_model(obj: GenericNamespacedResource) -> InferenceModel:
     """An InferenceModel (``order`` is fixed later, when the source builds its state)."""
-    doc: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]  # lightkube: untyped
-    doc.setdefault("apiVersion", API_V1ALPHA2)
-    doc.setdefault("kind", "InferenceModel")
-    model = _decode_one(doc)
-    assert isinstance(model, InferenceModel)
-    return model
+    return _decode_as(obj, API_V1ALPHA2, "InferenceModel", InferenceModel)
 
 
 def decode_objective(obj: GenericNamespacedResource) -> InferenceObjective:
-    """An InferenceObjective (v1alpha2): a priority and the pool it belongs to."""
-    doc: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]  # lightkube: untyped
-    doc.setdefault("apiVersion", API_V1ALPHA2)
-    doc.setdefault("kind", "InferenceObjective")
-    objective = _decode_one(doc)
-    assert isinstance(objective, InferenceObjective)
-    return objective
+    return _decode_as(obj, API_V1ALPHA2, "InferenceObjective", InferenceObjective)
 
 
 def decode_pod(obj: KubePod) -> Pod:
@@ -111,6 +109,4 @@ def decode_pod(obj: KubePod) -> Pod:
             "conditions": conditions,
         },
     }
-    pod = _decode_one(doc)
-    assert isinstance(pod, Pod)
-    return pod
+    return _decode_doc(doc, Pod)
