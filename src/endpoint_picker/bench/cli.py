@@ -71,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     rate = run.add_mutually_exclusive_group()
     rate.add_argument("--rate", type=float, help="requests per second")
     rate.add_argument("--rates", type=_rates, metavar="R1,R2,...", help="several rates")
-    run.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    run.add_argument("--duration", type=float, default=60.0, help="seconds of measured arrivals")
+    run.add_argument(
+        "--warmup", type=float, default=0.0,
+        help="seconds of arrivals sent first and not measured (caches warm, queues settle)",
+    )  # fmt: skip
     run.add_argument("--seed", type=int, default=1)
     run.add_argument("--arrival", choices=("poisson", "constant", "bursty"), default="poisson")
     run.add_argument("--burstiness", type=float, default=1.0, help="bursty: Gamma shape")
@@ -126,6 +130,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     rates = args.rates or ((args.rate,) if args.rate else None)
     if rates is None:
         raise BenchError("give --rate R or --rates R1,R2,...")
+    if args.warmup < 0:
+        raise BenchError("--warmup must be 0 or more seconds")
     if args.server and args.url is None:
         raise BenchError("--server goes with --url")
     report_dir = args.report or Path("bench-results") / (
@@ -155,6 +161,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         fleet=fleet,
         request_timeout=args.request_timeout,
         progress=not args.no_progress,
+        warmup=args.warmup,
     )
     asyncio.run(run(options, argv))
     print(f"report: {report_dir}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Watches the model servers during a run: where the requests went, cache hits, queues, clocks.
 
-``start()`` scrapes every server once (the baseline), then every ``interval`` seconds records
-the queue, running and KV gauges; ``stop()`` scrapes once more and returns the counters' deltas
+``start()`` scrapes every server once (the baseline; with a warm-up, the baseline is taken
+again when the warm-up ends), then every ``interval`` seconds records the queue, running and
+KV gauges; ``stop()`` scrapes once more and returns the counters' deltas
 (requests served, prefix-cache queries and hits, the simulator's clock keeping) with the gauges
 over time. Counters are read from the servers rather than inferred from the client because the
 router under test decides the placement, and only the servers know it.
@@ -75,11 +76,16 @@ class FleetWatch:
     """Scrapes ``server_urls`` (``http://host:port``) around and during one run."""
 
     def __init__(
-        self, server_urls: Sequence[str], interval: float = 0.5, timeout: float = 2.0
+        self,
+        server_urls: Sequence[str],
+        interval: float = 0.5,
+        timeout: float = 2.0,
+        warmup: float = 0.0,
     ) -> None:
         self._urls = [url.rstrip("/") for url in server_urls]
         self._names = [urlsplit(url).netloc for url in self._urls]
         self._interval = interval
+        self._warmup = warmup  # seconds after start() when the counters' baseline is retaken
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._baseline: list[Page | None] = [None] * len(self._urls)
         self._latest: list[Page | None] = [None] * len(self._urls)
@@ -87,6 +93,7 @@ class FleetWatch:
         self._failed: set[int] = set()  # servers whose scrape failure was already logged
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self._rebase: asyncio.Task[None] | None = None
         self._start = 0.0
 
     async def start(self) -> None:
@@ -97,19 +104,35 @@ class FleetWatch:
         self._baseline = await self._scrape_all()
         self._latest = list(self._baseline)
         self._task = asyncio.create_task(self._run(), name="bench-fleetwatch")
+        if self._warmup > 0:
+            self._rebase = asyncio.create_task(self._rebase_after_warmup(), name="bench-warmup")
 
     async def stop(self) -> FleetObservation:
         """Stop sampling, scrape once more, and return what the fleet did since ``start``."""
         try:
-            if self._task is not None:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task  # re-raises a bug in the sampling loop
+            for task in (self._task, self._rebase):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task  # re-raises a bug in the sampling loop
             await self._scrape_all()
         finally:
             if self._session is not None:
                 await self._session.close()
         return FleetObservation(tuple(self._observe(i) for i in range(len(self._urls))))
+
+    async def _rebase_after_warmup(self) -> None:
+        """Retake the baseline when the warm-up ends: the counters then cover the measured part.
+
+        Prefix-cache queries and hits are counted when a request is admitted, so they cover the
+        requests sent after the warm-up; a warm-up request finishing later still counts as served.
+        """
+        await asyncio.sleep(self._warmup)
+        baseline = await self._scrape_all()
+        # A server that did not answer keeps its first baseline rather than losing its counters.
+        self._baseline = [
+            b if b is not None else a for a, b in zip(self._baseline, baseline, strict=True)
+        ]
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

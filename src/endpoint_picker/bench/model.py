@@ -107,10 +107,11 @@ class TargetResult:
     target: str  # e.g. "rr", "epp", "epp=my.yaml", "sglang-router"
     workload: str
     rate: float  # requests per second asked for
-    duration: float  # seconds of arrivals
-    records: tuple[RequestRecord, ...]
-    fleet: FleetObservation
+    duration: float  # seconds of measured arrivals (after the warm-up)
+    records: tuple[RequestRecord, ...]  # every request sent, warm-up included
+    fleet: FleetObservation  # the servers' counters from the end of the warm-up
     notes: tuple[str, ...] = ()  # e.g. why the run is invalid
+    warmup: float = 0.0  # seconds of arrivals before the measured ones: sent, not measured
 
 
 class BenchError(Exception):

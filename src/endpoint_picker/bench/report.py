@@ -55,6 +55,7 @@ def _dump(result: TargetResult) -> dict[str, Any]:
         "rate": result.rate,
         "duration": result.duration,
         "notes": result.notes,
+        "warmup": result.warmup,
         "fleet": result.fleet,  # orjson writes dataclasses (and their tuples) natively
         "records": records,
     }
@@ -88,6 +89,7 @@ def _load(raw: dict[str, Any]) -> TargetResult:
         records=tuple(RequestRecord(**r) for r in raw["records"]),
         fleet=FleetObservation(servers),
         notes=tuple(raw["notes"]),
+        warmup=raw.get("warmup", 0.0),
     )
 
 

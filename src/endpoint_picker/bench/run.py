@@ -31,7 +31,7 @@ class RunOptions:
 
     workload: str
     rates: tuple[float, ...]
-    duration: float
+    duration: float  # seconds of measured arrivals
     seed: int
     report_dir: Path
     targets: tuple[StackSpec, ...] = ()  # --stack
@@ -43,6 +43,7 @@ class RunOptions:
     fleet: FleetOptions = field(default_factory=FleetOptions)
     request_timeout: float = 300.0
     progress: bool = True
+    warmup: float = 0.0  # seconds of arrivals before the measured ones
 
 
 async def _measure(
@@ -53,7 +54,7 @@ async def _measure(
     options: RunOptions,
     rate: float,
 ) -> TargetResult:
-    watch = FleetWatch(list(server_urls))
+    watch = FleetWatch(list(server_urls), warmup=options.warmup)
     await watch.start()
     try:
         records = await client.run_requests(
@@ -72,6 +73,7 @@ async def _measure(
         duration=options.duration,
         records=tuple(records),
         fleet=fleet,
+        warmup=options.warmup,
     )
     problems = stats.validity(result)
     if problems:
@@ -90,7 +92,7 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
         plan = workloads.generate(
             options.workload,
             rate=rate,
-            duration=options.duration,
+            duration=options.warmup + options.duration,
             seed=options.seed,
             arrival=options.arrival,
             burstiness=options.burstiness,
@@ -114,6 +116,7 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
         "plans": plans,
         "seed": options.seed,
         "duration": options.duration,
+        "warmup": options.warmup,
         "arrival": options.arrival,
         "burstiness": options.burstiness,
         "fleet": _fleet_meta(options.fleet),

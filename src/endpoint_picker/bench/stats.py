@@ -84,8 +84,18 @@ def error_kind(record: RequestRecord) -> str:
     return str(record.status)
 
 
+def measured(result: TargetResult) -> list[RequestRecord]:
+    """The records the summary is about: those due after the warm-up (all of them without one)."""
+    return [r for r in result.records if r.due_at >= result.warmup]
+
+
 def summarize(result: TargetResult) -> Summary:
-    records = result.records
+    """``result`` in the table's terms, over its measured requests (see ``measured``).
+
+    Validity is judged over every request sent, warm-up included: a slip anywhere shapes the
+    caches the measured part starts from.
+    """
+    records = measured(result)
     ok = [r for r in records if r.ok]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     tpot = [t for r in ok if (t := r.tpot) is not None]

@@ -110,6 +110,20 @@ async def test_fleetwatch_reports_deltas_and_samples(sims: list[SimMetricsServer
     assert all(0 <= s.t < 1.0 for s in first.samples)
 
 
+async def test_fleetwatch_counts_from_the_end_of_the_warmup(sims: list[SimMetricsServer]) -> None:
+    """With a warm-up, work done during it is left out of the deltas; samples still cover it."""
+    a, _ = sims
+    watch = FleetWatch([a.url], interval=0.02, warmup=0.1)
+    await watch.start()
+    a.serve(50, 5000, 0)  # during the warm-up: cold misses, not measured
+    await asyncio.sleep(0.2)
+    a.serve(4, 400, 300)
+    fleet = await watch.stop()
+    (first,) = fleet.servers
+    assert (first.requests, first.prefix_cache_queries, first.prefix_cache_hits) == (4, 400, 300)
+    assert first.samples[0].t < 0.1 < first.samples[-1].t
+
+
 async def test_scrape_failures_are_tolerated(sims: list[SimMetricsServer]) -> None:
     """A failing server's samples are skipped; its last good scrape gives the deltas."""
     a, _ = sims

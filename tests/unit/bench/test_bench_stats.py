@@ -77,6 +77,20 @@ def test_summary_of_a_hand_built_result() -> None:
     assert s.valid
 
 
+def test_warmup_requests_are_sent_but_not_measured() -> None:
+    """Only requests due at or after the warm-up enter the latencies, counts and rates; a
+    schedule slip during the warm-up still makes the run invalid."""
+    slow_cold = tuple(record(i, i * 0.1, ttft=5.0, e2e=9.0) for i in range(10))  # due 0-0.9
+    warm = tuple(record(10 + i, 1.0 + i * 0.1, ttft=0.1) for i in range(10))  # due 1.0-1.9
+    s = summarize(result(slow_cold + warm, warmup=1.0))
+    assert (s.sent, s.completed) == (10, 10)
+    assert s.ttft_p90 == pytest.approx(0.1)
+    assert s.requests_per_s == pytest.approx(10 / (1.9 + 1.0 - 1.0))
+    assert summarize(result(slow_cold + warm)).ttft_p90 == pytest.approx(5.0)
+    lagging = (record(0, 0.0, sent=0.5), *warm)
+    assert not summarize(result(lagging, warmup=1.0)).valid
+
+
 def test_summary_without_data_has_none_not_zero() -> None:
     """No completions, no servers: rates, hit rate and load ratio are None, and it is invalid."""
     s = summarize(result((record(status=503, ttft=None, e2e=None),)))
