@@ -1,5 +1,6 @@
 """The deployment artefacts: the kustomize base renders and validates, the CRDs hold the
-examples, the Deployment's arguments parse, the Dockerfile runs as non-root without build tools."""
+examples, the Deployment's arguments parse, the Envoy Gateway wiring agrees with the EPP and the
+other files, the Dockerfile runs as non-root without build tools."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import kubernetes_validate
+import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+import kubernetes_validate  # type: ignore[import-untyped]  # no py.typed
 import pytest
 import yaml
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
 from endpoint_picker.cli import build_parser, settings_from_args
+from endpoint_picker.extproc import stream, wire
+from endpoint_picker.requests import INFERENCE_PATHS, MODELS_PATH
+from endpoint_picker.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -253,7 +258,7 @@ def test_crd_bounds_refuse_out_of_range_fields(kind: str, spec: dict[str, Any], 
 def test_v1_pool_crd_needs_endpoint_picker_ref_and_bounded_ports() -> None:
     """The v1 InferencePool requires endpointPickerRef and one to eight target ports."""
     schema = crd_schema("inference.networking.k8s.io", "inferencepools", "v1")
-    good = {
+    good: dict[str, Any] = {
         "apiVersion": "inference.networking.k8s.io/v1",
         "kind": "InferencePool",
         "metadata": {"name": "p"},
@@ -264,11 +269,12 @@ def test_v1_pool_crd_needs_endpoint_picker_ref_and_bounded_ports() -> None:
         },
     }
     jsonschema.validate(good, schema)
-    for bad_spec in (
+    bad_specs: tuple[dict[str, Any], ...] = (
         {**good["spec"], "targetPorts": []},
         {**good["spec"], "targetPorts": [{"number": p} for p in range(8000, 8009)]},
         {k: v for k, v in good["spec"].items() if k != "endpointPickerRef"},
-    ):
+    )
+    for bad_spec in bad_specs:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**good, "spec": bad_spec}, schema)
 
@@ -295,3 +301,212 @@ def test_dockerfile_final_stage_is_non_root_and_has_no_build_tools() -> None:
     for tool in ("apt-get", "apk ", "gcc", "build-essential", "pip install", "make "):
         assert tool not in text, tool
     assert any(line.upper().startswith("COPY --FROM=") for line in stage)
+
+
+# -- deploy/examples/kubernetes/envoy-gateway ---------------------------------------------------
+
+ENVOY_GATEWAY = DEPLOY / "examples" / "kubernetes" / "envoy-gateway"
+# The kinds kubernetes-validate has no schema for (Gateway API and Envoy Gateway CRDs).
+CRD_KINDS = {"GatewayClass", "Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "EnvoyPatchPolicy"}
+CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ROUTE_CONFIGURATION = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+# Envoy Gateway's extProc body modes and the Envoy BodySendMode each becomes.
+EG_BODY_MODES = {
+    "Streamed": "STREAMED",
+    "Buffered": "BUFFERED",
+    "BufferedPartial": "BUFFERED_PARTIAL",
+    "FullDuplexStreamed": "FULL_DUPLEX_STREAMED",
+}
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def envoy_gateway() -> list[dict[str, Any]]:
+    return kustomize(ENVOY_GATEWAY)
+
+
+def _only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in objects if o["kind"] == kind]
+    return obj
+
+
+def _namespace(objects: list[dict[str, Any]]) -> str:
+    """The one namespace of the namespaced objects (unset: `default`, what the patch assumes)."""
+    (namespace,) = {
+        o["metadata"].get("namespace", "default") for o in objects if o["kind"] != "GatewayClass"
+    }
+    return str(namespace)
+
+
+def _epp_settings(
+    rendered: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Settings, dict[str, Any]]:
+    """The settings deploy/kubernetes's Deployment gives the EPP, and its container."""
+    (container,) = rendered["Deployment"]["spec"]["template"]["spec"]["containers"]
+    monkeypatch.setenv("NAMESPACE", "serving")
+    return settings_from_args(build_parser().parse_args(container["args"])), container
+
+
+def test_envoy_gateway_kustomization_renders_every_file_once(
+    envoy_gateway: list[dict[str, Any]],
+) -> None:
+    """`kubectl kustomize deploy/examples/kubernetes/envoy-gateway` renders every YAML file of
+    the directory: the GatewayClass, the Gateway, the placeholder Service, the HTTPRoute and the
+    two policies, once each; no namespace is forced onto the cluster-scoped GatewayClass."""
+    kustomization = yaml.safe_load((ENVOY_GATEWAY / "kustomization.yaml").read_text())
+    files = sorted(p.name for p in ENVOY_GATEWAY.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == files
+    assert sorted(o["kind"] for o in envoy_gateway) == sorted([*CRD_KINDS, "Service"])
+    assert "namespace" not in _only(envoy_gateway, "GatewayClass")["metadata"]
+
+
+def test_envoy_gateway_objects_validate_where_kubernetes_validate_has_schemas(
+    envoy_gateway: list[dict[str, Any]],
+) -> None:
+    """kubernetes-validate (strict) checks every rendered object it has a schema for, which here
+    is only the placeholder Service: it ships no Gateway API (GatewayClass, Gateway, HTTPRoute)
+    or Envoy Gateway schemas. Those kinds are pinned, so this fails once it learns one of them
+    (then validate it too); their fields are checked against each other by the tests below."""
+    unknown = set()
+    for obj in envoy_gateway:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            unknown.add(obj["kind"])
+    assert unknown == CRD_KINDS
+
+
+def test_envoy_gateway_route_matches_exactly_the_paths_the_epp_routes(
+    envoy_gateway: list[dict[str, Any]],
+) -> None:
+    """One rule, Exact matches on the EPP's inference paths and /v1/models (nothing else: the
+    model servers' admin API stays shut), to the placeholder Service on a port it has."""
+    route = _only(envoy_gateway, "HTTPRoute")
+    (rule,) = route["spec"]["rules"]  # rule/0 in patch-policy.yaml
+    paths = [m["path"] for m in rule["matches"]]
+    assert {p["type"] for p in paths} == {"Exact"}
+    values = [p["value"] for p in paths]
+    assert len(values) == len(set(values))
+    assert set(values) == {*INFERENCE_PATHS, MODELS_PATH}
+    service = _only(envoy_gateway, "Service")
+    (backend,) = rule["backendRefs"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"] in {p["port"] for p in service["spec"]["ports"]}
+
+
+def test_envoy_gateway_extension_policy_calls_the_epp_on_its_ext_proc_port(
+    envoy_gateway: list[dict[str, Any]],
+    rendered: dict[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The EnvoyExtensionPolicy targets the directory's HTTPRoute and calls deploy/kubernetes's
+    Service on the port that reaches the EPP's --grpc-port, in body modes the EPP routes on,
+    fail closed, health-checked on the ext_proc service."""
+    policy = _only(envoy_gateway, "EnvoyExtensionPolicy")["spec"]
+    route = _only(envoy_gateway, "HTTPRoute")
+    assert policy["targetRefs"] == [
+        {
+            "group": "gateway.networking.k8s.io",
+            "kind": "HTTPRoute",
+            "name": route["metadata"]["name"],
+        }
+    ]
+    (ext_proc,) = policy["extProc"]
+    (ref,) = ext_proc["backendRefs"]
+    assert (ref.get("group", ""), ref.get("kind", "Service")) == ("", "Service")
+    service = rendered["Service"]
+    assert ref["name"] == service["metadata"]["name"]
+    settings, container = _epp_settings(rendered, monkeypatch)
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    ext_proc_ports = {
+        p["port"]
+        for p in service["spec"]["ports"]
+        if named.get(p["targetPort"], p["targetPort"]) == settings.server.grpc_port
+    }
+    assert ref["port"] in ext_proc_ports
+    mode = ext_proc["processingMode"]
+    routable = {stream.FULL_DUPLEX, stream.BUFFERED}
+    body_mode = processing_mode_pb2.ProcessingMode.BodySendMode.Value
+    assert body_mode(EG_BODY_MODES[mode["request"]["body"]]) in routable
+    assert mode["response"]["body"] in EG_BODY_MODES  # response headers and body reach the EPP
+    assert mode["allowModeOverride"] is True
+    assert ext_proc["failOpen"] is False
+    assert ext_proc["messageTimeout"]
+    active = ext_proc["backendSettings"]["healthCheck"]["active"]
+    assert (active["type"], active["grpc"]["service"]) == ("GRPC", wire.EXT_PROC_SERVICE)
+
+
+def test_envoy_gateway_patch_policy_names_what_the_other_files_create(
+    envoy_gateway: list[dict[str, Any]],
+    rendered: dict[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The EnvoyPatchPolicy targets the Gateway; its route-configuration name is the Gateway's
+    `<namespace>/<name>/<listener>` for the listener the HTTPRoute attaches to; it re-points that
+    route's rule-0 cluster to an ORIGINAL_DST cluster reading the EPP's destination header; and
+    it adds TLS to the ext_proc cluster exactly when the EPP serves TLS."""
+    namespace = _namespace(envoy_gateway)
+    gateway_class = _only(envoy_gateway, "GatewayClass")
+    gateway = _only(envoy_gateway, "Gateway")
+    route = _only(envoy_gateway, "HTTPRoute")
+    extension = _only(envoy_gateway, "EnvoyExtensionPolicy")
+    spec = _only(envoy_gateway, "EnvoyPatchPolicy")["spec"]
+
+    assert (
+        gateway_class["spec"]["controllerName"] == "gateway.envoyproxy.io/gatewayclass-controller"
+    )
+    assert gateway["spec"]["gatewayClassName"] == gateway_class["metadata"]["name"]
+    (parent,) = route["spec"]["parentRefs"]
+    assert parent["name"] == gateway["metadata"]["name"]
+    (listener,) = [li for li in gateway["spec"]["listeners"] if li["name"] == parent["sectionName"]]
+    assert (listener["protocol"], listener["port"]) == ("HTTP", 80)
+
+    assert spec["type"] == "JSONPatch"
+    assert spec["targetRef"] == {
+        "group": "gateway.networking.k8s.io",
+        "kind": "Gateway",
+        "name": gateway["metadata"]["name"],
+    }
+    patches = spec["jsonPatches"]
+    assert {p["type"] for p in patches} == {CLUSTER, ROUTE_CONFIGURATION}
+    clusters = {p["name"]: p["operation"] for p in patches if p["type"] == CLUSTER}
+    (route_patch,) = [p for p in patches if p["type"] == ROUTE_CONFIGURATION]
+    assert route_patch["name"] == f"{namespace}/{gateway['metadata']['name']}/{listener['name']}"
+    repoint = route_patch["operation"]
+    assert (repoint["op"], repoint["path"]) == ("replace", "/route/cluster")
+    rule_cluster = f"httproute/{namespace}/{route['metadata']['name']}/rule/0"
+    assert f"@.route.cluster=='{rule_cluster}'" in repoint["jsonPath"]
+
+    added = clusters[repoint["value"]]
+    assert (added["op"], added["path"]) == ("add", "")
+    cluster = added["value"]
+    assert cluster["name"] == repoint["value"]
+    assert (cluster["type"], cluster["lb_policy"]) == ("ORIGINAL_DST", "CLUSTER_PROVIDED")
+    assert cluster["original_dst_lb_config"] == {
+        "use_http_header": True,
+        "http_header_name": wire.DESTINATION_ENDPOINT,
+    }
+    (thresholds,) = cluster["circuit_breakers"]["thresholds"]
+    assert min(thresholds.values()) > 1024  # above Envoy's default
+
+    ext_proc_cluster = f"envoyextensionpolicy/{namespace}/{extension['metadata']['name']}/extproc/0"
+    assert set(clusters) <= {repoint["value"], ext_proc_cluster}
+    settings, _ = _epp_settings(rendered, monkeypatch)
+    assert (ext_proc_cluster in clusters) == settings.server.secure_serving
+    if settings.server.secure_serving:
+        tls = clusters[ext_proc_cluster]
+        assert (tls["op"], tls["path"]) == ("add", "/transport_socket")
+        assert tls["value"]["name"] == "envoy.transport_sockets.tls"
