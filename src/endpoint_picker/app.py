@@ -21,7 +21,7 @@ from aiohttp import web
 
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import PoolFileSource
-from endpoint_picker.director import Director
+from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.extproc.limits import BodyBudget, StreamSlots
 from endpoint_picker.extproc.server import (
@@ -32,6 +32,7 @@ from endpoint_picker.extproc.server import (
 )
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.extproc.tls import load_certificate, load_client_ca, self_signed_certificate
+from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.scheduling import build_scheduling, load_config
 from endpoint_picker.settings import Settings
@@ -76,6 +77,7 @@ class App:
         self._servers: list[grpc.aio.Server] = []
         self._metrics_runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
+        self.flow: FlowController[RoutingDecision] | None = None  # with the flowControl gate
         self.ports = BoundPorts(0, 0, 0)
         self._draining = False
         self._source: PoolFileSource | None = None
@@ -180,6 +182,15 @@ class App:
         )
         lifecycle = components.lifecycle
         self.inflight = components.inflight  # the EPP's own in-flight count (tests, status)
+        flow_config = config.flow_control if config is not None else None
+        if flow_config is not None:
+            detector, datastore = components.saturation_detector, self.datastore
+            self.flow = FlowController[RoutingDecision](
+                flow_config,
+                lambda: detector.is_saturated(datastore.endpoint_states()),
+                clock=self._clock,
+                observer=self.metrics,
+            )
         # plugins that remember endpoints (the prefix index) forget the ones that leave
         self.datastore.on_endpoints_changed(
             lambda endpoints: lifecycle.endpoints_changed(e.hostport for e in endpoints)
@@ -194,6 +205,7 @@ class App:
             lifecycle=components.lifecycle,
             request_headers=components.request_headers,
             session_tokens=components.session_tokens,
+            flow=self.flow,
         )
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
@@ -271,6 +283,8 @@ class App:
                 f"cannot listen on {_format_address(host, server_settings.metrics_port)}: "
                 f"{exc.strerror}"
             ) from exc
+        if self.flow is not None:
+            self._spawn("flow-control-dispatch", self.flow.run())
         if self._source is not None:
             self._spawn("pool-file-watch", self._source.watch())
             await self.health.set_ready(self.datastore.loaded)
@@ -339,6 +353,8 @@ class App:
         for index, server in enumerate(self._servers):
             await server.stop(grace if index == 0 else 0)
         self._servers.clear()
+        if self.flow is not None:  # whatever still waits gets its 503 now
+            self.flow.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -4,13 +4,20 @@ The steps, in order (the first failing one decides the status): the path (404 un
 an inference API, see ``requests.INFERENCE_PATHS``; checked on the headers, before any body is
 buffered), parse (400), model lookup (404), traffic split (503 when every weight is zero), the
 request's InferenceObjective (``x-gateway-inference-objective``: its priority replaces the
-model's criticality; an unknown name changes nothing),
+model's criticality, and its latency objective, when it has one, the model's; an unknown name
+changes nothing),
 candidates after the subset hint and without endpoints known to be unreachable (503), load
 shedding of sheddable requests (429), scheduling (503 when nothing is left).
+
+With flow control on (the ``flowControl`` feature gate), admission replaces shedding: after the
+InferenceObjective, a request the pool has no room for waits in its priority band (429 when the
+band or the queue is full or it is evicted for a higher priority, 503 when it waits past its
+TTL); candidates and scheduling then run when it is dispatched.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -31,6 +38,7 @@ from endpoint_picker.errors import (
     TooManyRequestsError,
     clip,
 )
+from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.requests import (
     Api,
     LLMRequest,
@@ -46,6 +54,10 @@ log = structlog.get_logger(__name__)
 
 # The request header naming the request's InferenceObjective (the reference EPP's).
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# Flow control: the request's fairness id (the reference EPP's header), and how long the client
+# will wait (Envoy's header for the caller's expected timeout), which shortens the queue TTL.
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
 
 
 def criticality_of_priority(priority: int) -> Criticality:
@@ -54,6 +66,19 @@ def criticality_of_priority(priority: int) -> Criticality:
     if priority < 0:
         return Criticality.SHEDDABLE
     return Criticality.CRITICAL if priority > 0 else Criticality.STANDARD
+
+
+# Criticality as a flow-control priority, where no InferenceObjective gives one.
+_CRITICALITY_PRIORITY = {Criticality.CRITICAL: 1, Criticality.STANDARD: 0,
+                         Criticality.SHEDDABLE: -1}  # fmt: skip
+
+
+def priority_of(request: LLMRequest) -> int:
+    """The request's flow-control priority: its InferenceObjective's, else its criticality's
+    (Critical 1, Standard 0, Sheddable -1: negative is sheddable either way)."""
+    if request.priority is not None:
+        return request.priority
+    return _CRITICALITY_PRIORITY[request.criticality]
 
 
 class PoolReader(Protocol):
@@ -77,6 +102,14 @@ class RequestScheduler(Protocol):
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointState]
     ) -> SchedulingResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRoute:
+    """A request waiting in flow control; ``future`` resolves to its ``RoutingDecision``."""
+
+    request: LLMRequest
+    future: asyncio.Future[RoutingDecision]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +174,12 @@ class Director:
         lifecycle: Lifecycle | None = None,
         request_headers: Iterable[str] = (),
         session_tokens: bool = False,
+        flow: FlowController[RoutingDecision] | None = None,
     ) -> None:
         self._pool = pool
+        self._flow = flow
+        if flow is not None:
+            request_headers = (*request_headers, FAIRNESS_HEADER, TIMEOUT_HEADER)
         self._lifecycle = lifecycle or Lifecycle()
         self._request_headers = frozenset(h.lower() for h in request_headers) | {OBJECTIVE_HEADER}
         self._session_tokens = session_tokens
@@ -170,9 +207,18 @@ class Director:
         names = self._pool.model_names()
         return sorted(names) if names else None
 
-    def finished(self, request_id: str, ok: bool) -> None:
-        """A routed request's response ended (``ok``) or its stream closed first: once each."""
-        self._lifecycle.finished(request_id, ok)
+    def finished(
+        self,
+        request_id: str,
+        ok: bool,
+        seconds: float | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        """A routed request's response ended (``ok``) or its stream closed first: once each,
+        after ``seconds`` end to end, with the response's ``output_tokens`` when it had usage."""
+        self._lifecycle.finished(request_id, ok, seconds, output_tokens)
+        if self._flow is not None:
+            self._flow.kick()
 
     def upstream_unreachable(self, hostport: str, reason: str) -> None:
         """Envoy could not connect to an endpoint the EPP picked: stop picking it for now."""
@@ -196,16 +242,66 @@ class Director:
         subset: Sequence[str] | None,
         headers: Mapping[str, str] | None = None,
     ) -> RoutingDecision:
-        """Route a request with a body; raises a ``RequestError`` subclass."""
+        """Route a request with a body now (flow control is not asked); raises a
+        ``RequestError`` subclass."""
+        outcome = self._route(request_id, path, raw_body, subset, headers, None)
+        assert isinstance(outcome, RoutingDecision)  # no flow control, nothing queues
+        return outcome
+
+    def route_or_queue(
+        self,
+        request_id: str,
+        path: str,
+        raw_body: bytes,
+        subset: Sequence[str] | None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RoutingDecision | QueuedRoute:
+        """``route``, through flow control when it is on: a request that must wait comes back
+        as a ``QueuedRoute``, whose future raises the queue's 429 or 503 or the scheduling
+        step's own error."""
+        return self._route(request_id, path, raw_body, subset, headers, self._flow)
+
+    def _route(
+        self,
+        request_id: str,
+        path: str,
+        raw_body: bytes,
+        subset: Sequence[str] | None,
+        headers: Mapping[str, str] | None,
+        flow: FlowController[RoutingDecision] | None,
+    ) -> RoutingDecision | QueuedRoute:
         request: LLMRequest | None = None
         try:
             request = parse_request(request_id, self.resolve_api(path), raw_body, headers)
             request = self._apply_objective(self._resolve_model(request))
-            return self._schedule(request, subset)
+            if flow is None:
+                return self._schedule(request, subset)
+            return self._admit(flow, request, subset)
         except RequestError as exc:
             if request is not None:
                 exc.model, exc.target_model = request.model, request.target_model
             raise
+
+    def _admit(
+        self,
+        flow: FlowController[RoutingDecision],
+        request: LLMRequest,
+        subset: Sequence[str] | None,
+    ) -> RoutingDecision | QueuedRoute:
+        """Flow control's step: schedule now when the pool has room and nobody of this priority
+        waits; otherwise queue (flow control replaces shedding: Sheddable requests wait too)."""
+        priority = priority_of(request)
+        if flow.admit_now(priority):
+            return self._schedule(request, subset, shed=False)
+        future = flow.enqueue(
+            request.request_id,
+            lambda: self._schedule(request, subset, shed=False),
+            priority=priority,
+            flow_id=request.headers.get(FAIRNESS_HEADER, ""),
+            size=len(request.raw_body),
+            timeout=_client_timeout(request.headers.get(TIMEOUT_HEADER)),
+        )
+        return QueuedRoute(request, future)
 
     def route_headers_only(
         self, request_id: str, path: str, subset: Sequence[str] | None
@@ -234,7 +330,12 @@ class Director:
             # v1 pools have no InferenceModel API: everything is Standard there.
             crit = Criticality.STANDARD if pool.passes_unknown_models else Criticality.SHEDDABLE
             return replace(request, criticality=crit)
-        return replace(request, target_model=self._split(model), criticality=model.criticality)
+        return replace(
+            request,
+            target_model=self._split(model),
+            criticality=model.criticality,
+            latency_objective=model.objective.per_output_token_p95 if model.objective else None,
+        )
 
     def _apply_objective(self, request: LLMRequest) -> LLMRequest:
         name = request.headers.get(OBJECTIVE_HEADER)
@@ -244,7 +345,16 @@ class Director:
         if objective is None:
             log.debug("unknown InferenceObjective; the model's criticality stands", name=clip(name))
             return request
-        return replace(request, criticality=criticality_of_priority(objective.priority))
+        # its latency objective replaces the model's; without one, the model's stands
+        latency = objective.objective
+        return replace(
+            request,
+            criticality=criticality_of_priority(objective.priority),
+            priority=objective.priority,
+            latency_objective=(
+                latency.per_output_token_p95 if latency else request.latency_objective
+            ),
+        )
 
     def _split(self, model: InferenceModel) -> str:
         if not model.target_models:
@@ -287,10 +397,18 @@ class Director:
             )
         return chosen
 
-    def _schedule(self, request: LLMRequest, subset: Sequence[str] | None) -> RoutingDecision:
+    def is_saturated(self) -> bool:
+        """Whether the pool as a whole has no room (flow control's dispatch check)."""
+        return self._saturation.is_saturated(self._pool.endpoint_states())
+
+    def _schedule(
+        self, request: LLMRequest, subset: Sequence[str] | None, *, shed: bool = True
+    ) -> RoutingDecision:
         candidates = self._candidates(subset)
-        if request.criticality is Criticality.SHEDDABLE and self._saturation.is_saturated(
-            candidates
+        if (
+            shed
+            and request.criticality is Criticality.SHEDDABLE
+            and self._saturation.is_saturated(candidates)
         ):
             raise TooManyRequestsError(
                 f"the pool is saturated; sheddable request for {clip(request.model)!r} dropped"
@@ -308,3 +426,10 @@ class Director:
         )
         self._lifecycle.routed(request, decision.endpoints[0])
         return decision
+
+
+def _client_timeout(header: str | None) -> float | None:
+    """``x-envoy-expected-rq-timeout-ms`` in seconds; None when absent or not a number."""
+    if not header or not header.isdigit():
+        return None
+    return int(header) / 1000

@@ -63,6 +63,11 @@ class LLMRequest:
     body: dict[str, Any] = field(repr=False)
     target_model: str = ""
     criticality: Criticality = Criticality.STANDARD
+    # the model's (or the request's InferenceObjective's) latency objective: seconds per output
+    # token at P95 (e2e latency / output tokens); None without one
+    latency_objective: float | None = None
+    # the request's InferenceObjective's priority; None: the criticality's (see priority_of)
+    priority: int | None = None
     stream: bool = False
     # the request headers the scheduler asked for (session ids, tokens), lower-case names
     headers: Mapping[str, str] = field(default_factory=dict)

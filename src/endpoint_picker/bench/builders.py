@@ -45,6 +45,7 @@ class Built:
     requests: list[RequestSpec]
     adapters: tuple[str, ...] = ()
     criticality: dict[str, str] = field(default_factory=dict)
+    objectives: dict[str, float] = field(default_factory=dict)  # served name -> seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,10 +132,12 @@ def mixed_criticality(ctx: Context) -> Built:
     for (name, _), share in zip(CRITICALITIES, shares, strict=True):
         groups += [_Group(f"{name}/group-{g}", name, s) for g, s in enumerate(systems)]
         weights += [share / count] * count
+    objective_ms = ctx.values["objective_ms"]
     return Built(
         _grouped(ctx, groups, weights),
         adapters=tuple(name for name, _ in CRITICALITIES),
         criticality=dict(CRITICALITIES),
+        objectives={"critical": objective_ms / 1000} if objective_ms else {},
     )
 
 

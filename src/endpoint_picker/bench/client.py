@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -122,6 +123,9 @@ class _Run:
         return out
 
     def finish(self, spec: RequestSpec, record: RequestRecord) -> None:
+        model = spec.body.get("model")
+        if isinstance(model, str) and model:
+            record = replace(record, model=model)
         self.records[spec.index] = record
         if (future := self.finished.get(spec.index)) is not None:
             future.set_result(record)

@@ -58,6 +58,14 @@ class RequestRecord:
     prompt_tokens: int
     error: str = ""
     reply_text: str = ""  # kept only for chat turns that a later turn follows
+    model: str = ""  # the body's model (the served name), for per-model summaries
+
+    @property
+    def per_token(self) -> float | None:
+        """The seed's objective metric: e2e latency / output tokens (queueing included)."""
+        if self.e2e is None or self.output_tokens < 1:
+            return None
+        return self.e2e / self.output_tokens
 
     @property
     def tpot(self) -> float | None:
@@ -128,7 +136,9 @@ class WorkloadPlan:
     ``base_model`` and ``adapters`` are what the simulated servers serve (``epp sim --model``,
     ``--lora-modules``): requests name these directly, so every target (round robin, the EPP,
     the peer routers) gets bodies its servers accept. ``criticality`` maps a served name to the
-    InferenceModel criticality the EPP's pool file gives it (Critical when absent).
+    InferenceModel criticality the EPP's pool file gives it (Critical when absent);
+    ``objectives`` a served name to its latency objective, seconds per output token at P95
+    (written into the pool file's InferenceModel; summarised per model by ``stats``).
     """
 
     workload: str
@@ -137,3 +147,4 @@ class WorkloadPlan:
     base_model: str
     adapters: tuple[str, ...] = ()
     criticality: dict[str, str] = field(default_factory=dict)
+    objectives: dict[str, float] = field(default_factory=dict)

@@ -22,7 +22,7 @@ from endpoint_picker.bench.model import (
     ServerSample,
     TargetResult,
 )
-from endpoint_picker.bench.stats import Summary, summarize
+from endpoint_picker.bench.stats import ModelSummary, Summary, summarize, summarize_models
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -118,6 +118,35 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
         why += [f"- {s.target} at {s.rate:g} req/s: {reason}" for reason in s.reasons]
     return "\n".join(lines + (["", *why] if why else [])) + "\n"
+
+
+_MODEL_COLUMNS = (
+    "target", "rate", "model", "objective (ms)", "ok/sent", "TPOT p95 (ms)",
+    "latency/token p95 (ms)", "met objective",
+)  # fmt: skip
+
+
+def objective_table(summaries: Sequence[ModelSummary]) -> str:
+    """A row per served name of each target and rate: how each fared against its objective
+    (the names without one show what the objective traffic's protection cost them)."""
+    lines = ["| " + " | ".join(_MODEL_COLUMNS) + " |", "|" + "---|" * len(_MODEL_COLUMNS)]
+    for s in summaries:
+        cells = (
+            s.target, f"{s.rate:g}", s.model or "-", _num(s.objective, 1e3, 0),
+            f"{s.completed}/{s.sent}", _num(s.tpot_p95, 1e3, 1), _num(s.per_token_p95, 1e3, 1),
+            "-" if s.met is None else f"{s.met:.1%}",
+        )  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def tables(results: Sequence[TargetResult], objectives: dict[str, float]) -> str:
+    """The main table, and with objectives in the plan, the per-model one after it."""
+    text = markdown_table([summarize(r) for r in results])
+    if objectives:
+        rows = [m for r in results for m in summarize_models(r, objectives)]
+        text += "\nPer model (objective: P95 of e2e / output tokens):\n\n" + objective_table(rows)
+    return text
 
 
 def _num(value: float | None, scale: float, digits: int) -> str:
@@ -219,8 +248,8 @@ def _queues(figure: Figure, results: Sequence[TargetResult]) -> Figure:
 
 def render(directory: str | Path) -> str:
     """``epp bench report DIR``: print the table of ``DIR/results.json`` and redraw its plots."""
-    results, _ = load_results(directory)
-    table = markdown_table([summarize(r) for r in results])
+    results, meta = load_results(directory)
+    table = tables(results, dict(meta.get("objectives") or {}))
     print(table, end="")
     write_plots(directory, results)
     return table

@@ -88,6 +88,7 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
     work.mkdir(exist_ok=True)
     results: list[TargetResult] = []
     plans: dict[str, Any] = {}
+    objectives: dict[str, float] = {}
     for rate in options.rates:
         plan = workloads.generate(
             options.workload,
@@ -99,6 +100,7 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
             params=options.params,
         )
         plans[f"{rate:g}"] = {"requests": len(plan.requests), "params": plan.params}
+        objectives = plan.objectives
         if options.url is not None:
             results.append(
                 await _measure("url", options.url, options.server_urls, plan, options, rate)
@@ -119,11 +121,12 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
         "warmup": options.warmup,
         "arrival": options.arrival,
         "burstiness": options.burstiness,
+        "objectives": objectives,
         "fleet": _fleet_meta(options.fleet),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     report.write_results(options.report_dir, results, meta)
-    print(report.markdown_table([stats.summarize(r) for r in results]))
+    print(report.tables(results, objectives))
     report.write_plots(options.report_dir, results)
     return results
 

@@ -44,6 +44,7 @@ from endpoint_picker.bench.processes import (
     http_probe,
     shared_port,
 )
+from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
 
 STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
 FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
@@ -196,23 +197,31 @@ def find_envoy() -> str:
 
 def pool_file(plan: WorkloadPlan, addresses: Sequence[str], port: int) -> str:
     """The EPP's pool file for the fleet: an InferencePool selecting the simulated pods, an
-    InferenceModel per served name with the plan's criticality, and one Ready Pod per server."""
+    InferenceModel per served name with the plan's criticality (and objective), and one Ready
+    Pod per server."""
     served = (plan.base_model, *plan.adapters)
-    unknown = sorted(set(plan.criticality) - set(served))
+    unknown = sorted((set(plan.criticality) | set(plan.objectives)) - set(served))
     if unknown:
-        raise BenchError(f"criticality given for models the fleet does not serve: {unknown}")
+        raise BenchError(
+            f"criticality or objective given for models the fleet does not serve: {unknown}"
+        )
     api, meta = "inference.networking.x-k8s.io/v1alpha2", {"namespace": "default"}
     labels = {"app": "bench-sim", "inference.networking.k8s.io/engine-type": "vllm"}
     docs: list[dict[str, Any]] = [
         {"apiVersion": api, "kind": "InferencePool", "metadata": {"name": "bench", **meta},
          "spec": {"selector": {"app": "bench-sim"}, "targetPortNumber": port}},
     ]  # fmt: skip
-    docs += [
+    models: list[dict[str, Any]] = [
         {"apiVersion": api, "kind": "InferenceModel", "metadata": {"name": f"model-{i}", **meta},
          "spec": {"modelName": name, "criticality": plan.criticality.get(name, "Critical"),
                   "poolRef": {"name": "bench"}}}
         for i, name in enumerate(served)
     ]  # fmt: skip
+    for doc in models:
+        seconds = plan.objectives.get(doc["spec"]["modelName"])
+        if seconds is not None:
+            doc["spec"]["objective"] = {OBJECTIVE_P95_KEY: f"{seconds * 1000:g}ms"}
+    docs += models
     docs += [
         {"apiVersion": "v1", "kind": "Pod",
          "metadata": {"name": f"sim-{i}", "labels": labels, **meta},

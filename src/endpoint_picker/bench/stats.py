@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from endpoint_picker.bench.client import PREVIOUS_TURN_FAILED
@@ -130,6 +130,56 @@ def summarize(result: TargetResult) -> Summary:
         reasons=tuple(reasons),
         notes=result.notes,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSummary:
+    """One served name of a run whose plan set a latency objective (``objective`` seconds per
+    output token, ``None`` for the names without one). ``per_token_p95``: the P95 of each
+    completed request's e2e / output tokens, the objective's metric (TPOT leaves out the
+    queueing and prefill it includes); ``met``: the share of the name's measured requests that
+    completed within the objective (a failed request did not)."""
+
+    target: str
+    rate: float
+    model: str
+    objective: float | None
+    sent: int
+    completed: int
+    tpot_p95: float | None
+    per_token_p95: float | None
+    met: float | None
+
+
+def summarize_models(result: TargetResult, objectives: Mapping[str, float]) -> list[ModelSummary]:
+    """A ``ModelSummary`` per served name in ``result``'s measured requests, objectives first."""
+    by_model: dict[str, list[RequestRecord]] = {}
+    for record in measured(result):
+        if record.error != PREVIOUS_TURN_FAILED:
+            by_model.setdefault(record.model, []).append(record)
+    out = []
+    for model in sorted(by_model, key=lambda m: (m not in objectives, m)):
+        records = by_model[model]
+        ok = [r for r in records if r.ok]
+        per_token = [t for r in ok if (t := r.per_token) is not None]
+        objective = objectives.get(model)
+        met = None
+        if objective is not None:
+            met = sum(1 for t in per_token if t <= objective) / len(records)
+        out.append(
+            ModelSummary(
+                target=result.target,
+                rate=result.rate,
+                model=model,
+                objective=objective,
+                sent=len(records),
+                completed=len(ok),
+                tpot_p95=percentile([t for r in ok if (t := r.tpot) is not None], 95),
+                per_token_p95=percentile(per_token, 95),
+                met=met,
+            )
+        )
+    return out
 
 
 def _span(records: Sequence[RequestRecord], ok: Sequence[RequestRecord]) -> float | None:

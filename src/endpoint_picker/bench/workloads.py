@@ -184,6 +184,13 @@ _INFOS = (
             _tokens("prompt_tokens", 2000, "system prompt tokens (the shared prefix)"),
             _tokens("question_tokens", 100, "question tokens (unique per request)"),
             _tokens("output_tokens", 300, "output tokens per request"),
+            Param(
+                "objective_ms",
+                0.0,
+                "latency objective of `critical` (P95 of e2e / output "
+                "tokens, in the EPP's pool file), ms; 0: none",
+                0.0,
+            ),
         ),
         builders.mixed_criticality,
     ),
@@ -240,6 +247,7 @@ def generate(
         base_model=base_model,
         adapters=built.adapters,
         criticality=built.criticality,
+        objectives=built.objectives,
     )
 
 

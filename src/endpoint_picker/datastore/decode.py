@@ -18,11 +18,16 @@ from endpoint_picker.datastore.objects import (
     InferenceModel,
     InferenceObjective,
     InferencePool,
+    Objective,
     Pod,
     TargetModel,
 )
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.settings import parse_duration
 from endpoint_picker.types import Criticality
+
+# The one field of an objective (the seed's LLMService API), a Go duration such as ``50ms``.
+OBJECTIVE_P95_KEY = "desiredAveragePerOutputTokenLatencyAtP95OverMultipleRequests"
 
 _KNOWN_KINDS = {
     ("InferencePool", API_V1ALPHA2),
@@ -121,12 +126,36 @@ def _timestamp(value: Any, f: _Fields) -> float | None:
     return float(value.timestamp())
 
 
+def _decode_latency_objective(spec: Mapping[str, Any], f: _Fields) -> Objective | None:
+    """``spec.objective``, or None when absent: a positive Go duration (``50ms``), no other key."""
+    raw = spec.get("objective")
+    if raw is None:
+        return None
+    entry = f.mapping(raw, "spec.objective")
+    for key in entry:
+        if key != OBJECTIVE_P95_KEY:
+            raise f.fail(f"spec.objective.{key}", f"unknown field (known: {OBJECTIVE_P95_KEY})")
+    path = f"spec.objective.{OBJECTIVE_P95_KEY}"
+    value = entry.get(OBJECTIVE_P95_KEY)
+    if not isinstance(value, str):
+        raise f.fail(path, "is required: a duration such as 50ms")
+    try:
+        seconds = parse_duration(value)
+    except ConfigError as exc:
+        raise f.fail(path, str(exc)) from None
+    if seconds <= 0:
+        raise f.fail(path, f"must be a duration > 0, not {value!r}")
+    return Objective(seconds)
+
+
 def _decode_model(doc: Mapping[str, Any], order: int, f: _Fields) -> InferenceModel:
     meta = f.mapping(doc.get("metadata"), "metadata")
     spec = f.mapping(doc.get("spec"), "spec")
+    objective = _decode_latency_objective(spec, f)
     raw_crit = spec.get("criticality")
     if raw_crit is None:
-        criticality = Criticality.STANDARD
+        # the seed: "Priority class is implicitly set to Critical by specifying an Objective"
+        criticality = Criticality.CRITICAL if objective else Criticality.STANDARD
     else:
         try:
             criticality = Criticality(raw_crit)
@@ -158,15 +187,17 @@ def _decode_model(doc: Mapping[str, Any], order: int, f: _Fields) -> InferenceMo
         pool_ref=f.string(pool_ref.get("name"), "spec.poolRef.name"),
         creation_timestamp=_timestamp(created, f),
         order=order,
+        objective=objective,
     )
 
 
 def _decode_objective(doc: Mapping[str, Any], f: _Fields) -> InferenceObjective:
     meta = f.mapping(doc.get("metadata"), "metadata")
     spec = f.mapping(doc.get("spec"), "spec")
-    priority = spec.get("priority", 0)
-    if priority is None:
-        priority = 0
+    objective = _decode_latency_objective(spec, f)
+    priority = spec.get("priority")
+    if priority is None:  # an objective without a priority is Critical, as on InferenceModel
+        priority = 1 if objective else 0
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise f.fail("spec.priority", "must be an integer (negative: sheddable)")
     pool_ref = f.mapping(spec.get("poolRef"), "spec.poolRef")
@@ -176,6 +207,7 @@ def _decode_objective(doc: Mapping[str, Any], f: _Fields) -> InferenceObjective:
         or "default",
         priority=priority,
         pool_ref=f.string(pool_ref.get("name"), "spec.poolRef.name"),
+        objective=objective,
     )
 
 

@@ -33,6 +33,16 @@ class InferencePool:
 
 
 @dataclass(frozen=True, slots=True)
+class Objective:
+    """The seed's latency objective: the P95, over the requests of a recent time window, of each
+    request's average latency per output token (end-to-end latency / output tokens; unlike TPOT
+    it includes queueing and prefill). In the YAML:
+    ``objective: {desiredAveragePerOutputTokenLatencyAtP95OverMultipleRequests: 50ms}``."""
+
+    per_output_token_p95: float  # seconds, > 0
+
+
+@dataclass(frozen=True, slots=True)
 class TargetModel:
     name: str
     weight: int
@@ -48,6 +58,8 @@ class InferenceModel:
     pool_ref: str
     creation_timestamp: float | None  # POSIX seconds; None when absent
     order: int  # position in the source, the tie-breaker when timestamps are absent or equal
+    # an objective without a criticality makes the model Critical (the seed's rule)
+    objective: Objective | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +70,9 @@ class InferenceObjective:
 
     name: str
     namespace: str
-    priority: int  # unset is 0
+    priority: int  # unset is 0, or 1 when an objective is set (the seed's rule)
     pool_ref: str
+    objective: Objective | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             return
         try:
             async for message in request_iterator:
-                for response in stream.handle(message):
+                out = stream.handle(message)
+                if stream.queued:  # flow control holds the request until the pool has room
+                    out = await stream.resume()
+                for response in out:
                     yield response
                 if stream.finished:
                     return

@@ -8,6 +8,7 @@ the routing on the body response. Response path: every chunk goes back at once, 
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import structlog
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from endpoint_picker.director import Director, RoutingDecision
+from endpoint_picker.director import Director, QueuedRoute, RoutingDecision
 from endpoint_picker.errors import (
     BadRequestError,
     ErrorCode,
@@ -133,6 +134,7 @@ class RequestStream:
         self._usage: UsageReader | None = None
         self._served = ""
         self._closed_metrics = False
+        self._queued: tuple[QueuedRoute, bytes, bool] | None = None
 
     @property
     def request_id(self) -> str:
@@ -275,9 +277,43 @@ class RequestStream:
     def _route_body(self, end_of_stream: bool) -> Responses:
         raw = bytes(self._body)
         self._drop_body()
-        decision = self._director.route(
+        outcome = self._director.route_or_queue(
             self._request_id, self._path, raw, self._subset, self._headers
         )
+        if isinstance(outcome, QueuedRoute):
+            # Flow control holds it: the servicer awaits ``resume()`` before the next message.
+            self._queued = (outcome, raw, end_of_stream)
+            return []
+        return self._routed_body(outcome, raw, end_of_stream)
+
+    @property
+    def queued(self) -> bool:
+        """Whether the request waits in flow control (the servicer then awaits ``resume``)."""
+        return self._queued is not None
+
+    async def resume(self) -> Responses:
+        """Wait for flow control to admit (or refuse) the request, then answer as ``handle``
+        would have. Cancelling this (the client went away) takes it out of the queue."""
+        assert self._queued is not None
+        queued, raw, end_of_stream = self._queued
+        self._queued = None
+        try:
+            decision = await queued.future
+        except asyncio.CancelledError:
+            future = queued.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                # admitted and routed just as the client left: ``close`` must finish it
+                self._routed(future.result())
+            raise
+        except RequestError as exc:
+            request = queued.request
+            return self._reject(exc.code, exc.message, request.model, request.target_model)
+        except Exception:
+            log.exception("request failed unexpectedly while queued")
+            return self._reject(ErrorCode.INTERNAL, "internal error in the endpoint picker")
+        return self._routed_body(decision, raw, end_of_stream)
+
+    def _routed_body(self, decision: RoutingDecision, raw: bytes, end_of_stream: bool) -> Responses:
         self._routed(decision)
         if self._request_mode == BUFFERED:
             new_body = decision.body if decision.body is not raw else None
@@ -364,8 +400,14 @@ class RequestStream:
             return
         self._closed_metrics = True
         request = self._decision.request
-        self._director.finished(request.request_id, ok=True)
         usage = self._usage.finish() if self._usage else None
+        seconds = self._clock() - self._received_at
+        self._director.finished(
+            request.request_id,
+            ok=True,
+            seconds=seconds,
+            output_tokens=usage.completion_tokens if usage else None,
+        )
         served = self._served or self._decision.endpoints[0]
         log.debug(
             "response complete",
@@ -378,7 +420,7 @@ class RequestStream:
             self._metrics.request_finished(
                 request.model,
                 request.target_model,
-                seconds=self._clock() - self._received_at,
+                seconds=seconds,
                 response_bytes=self._usage.body_bytes if self._usage else 0,
                 input_tokens=usage.prompt_tokens if usage else None,
                 output_tokens=usage.completion_tokens if usage else None,
@@ -387,9 +429,16 @@ class RequestStream:
 
     def close(self) -> None:
         """The stream ended (normally or cancelled): release what a routed request holds."""
+        if self._queued is not None:  # never resumed: leave the queue
+            self._queued[0].future.cancel()
+            self._queued = None
         if self._decision is not None and not self._closed_metrics:
             self._closed_metrics = True
-            self._director.finished(self._decision.request.request_id, ok=False)
+            self._director.finished(
+                self._decision.request.request_id,
+                ok=False,
+                seconds=self._clock() - self._received_at,
+            )
             if self._metrics is not None:
                 self._metrics.request_abandoned(self._decision.request.model)
         self._drop_body()

@@ -111,6 +111,7 @@ def build_scheduling(
         staleness_threshold=staleness_threshold,
         clock=clock,
         rng=rng if rng is not None else random.Random(),
+        inflight=InFlight(clock),
         observer=observer,
     )
     built = _build(config or default_config(), context, registry or default_registry(), observer)
@@ -231,7 +232,7 @@ def _build(
     plugins = [entry.ref.plugin for entry in built.values()]
     lifecycle = Lifecycle(
         [context.inflight, *(p for p in plugins if isinstance(p, LifecycleListener))],
-        [p for p in plugins if isinstance(p, PoolListener)],
+        [context.inflight, *(p for p in plugins if isinstance(p, PoolListener))],
     )
     components = SchedulingComponents(
         scheduler,

@@ -14,6 +14,8 @@ The format is the reference EPP's, so its users' files work unchanged::
       plugins:
       - pluginRef: queue-scorer
         weight: 2                  # scorers only; default 1
+    featureGates: [flowControl]    # optional: queue requests while the pool is saturated
+    flowControl: {...}             # optional: its limits and policies (flowcontrol/config.py)
 
 This module checks the shape (keys, types, names, references) with exact paths; what a plugin
 *is* (filter, scorer, picker, ...) and whether its parameters are right is checked when the
@@ -29,10 +31,16 @@ from types import MappingProxyType
 import yaml
 
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.flowcontrol import (
+    FEATURE_GATE,
+    FlowControlConfig,
+    parse_feature_gates,
+    parse_flow_control,
+)
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 KIND = "EndpointPickerConfig"
-_TOP_KEYS = ("apiVersion", "kind", "plugins", "schedulingProfiles")
+_TOP_KEYS = ("apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "flowControl")
 _PLUGIN_KEYS = ("name", "type", "parameters")
 _PROFILE_KEYS = ("name", "plugins")
 _REF_KEYS = ("pluginRef", "weight")
@@ -68,6 +76,9 @@ class EndpointPickerConfig:
     plugins: tuple[PluginSpec, ...]
     profiles: tuple[ProfileSpec, ...]
     source: str = "<config>"
+    feature_gates: frozenset[str] = frozenset()
+    # the flowControl section, or None when the flowControl feature gate is off
+    flow_control: FlowControlConfig | None = None
 
 
 DEFAULT_CONFIG_YAML = f"""\
@@ -124,7 +135,16 @@ def parse_config(text: str, source: str = "<config>") -> EndpointPickerConfig:
         raise ConfigError(f'must be "{KIND}", got {root.get("kind")!r}', "kind")
     plugins = _parse_plugins(root.get("plugins"))
     profiles = _parse_profiles(root.get("schedulingProfiles"), {p.name for p in plugins})
-    return EndpointPickerConfig(plugins, profiles, source)
+    gates = parse_feature_gates(root.get("featureGates"))
+    # The section is checked even with the gate off, so turning the gate on cannot fail later.
+    flow_control = parse_flow_control(root.get("flowControl"))
+    return EndpointPickerConfig(
+        plugins,
+        profiles,
+        source,
+        feature_gates=gates,
+        flow_control=flow_control if FEATURE_GATE in gates else None,
+    )
 
 
 def _parse_plugins(raw: object) -> tuple[PluginSpec, ...]:

@@ -2,7 +2,9 @@
 
 The director reports "request R was routed to endpoint E" once it has scheduled R, and the
 ext_proc stream reports "R finished" when its response ends or its stream closes, whichever
-comes first (exactly once per routed request: a stream that dies mid-response still finishes).
+comes first (exactly once per routed request: a stream that dies mid-response still finishes),
+with how long it took end to end and how many tokens it generated (the latency objective's
+inputs).
 Plugins that remember (the prefix index, session mappings) and the in-flight counter subscribe
 to these events; the same events could arrive from another worker or replica.
 
@@ -13,6 +15,8 @@ scoring, so nothing is hashed twice).
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
@@ -34,6 +38,9 @@ class Routed:
 class Finished:
     request_id: str
     ok: bool  # a complete response (any status) rather than a stream that ended early
+    # end to end, from the request's headers to the end of its response (or of its stream)
+    seconds: float | None = None
+    output_tokens: int | None = None  # the response's usage.completion_tokens, when it had one
 
 
 @runtime_checkable
@@ -72,8 +79,14 @@ class Lifecycle:
         event = Routed(request, endpoint)
         _each(self._listeners, lambda listener: listener.on_routed(event))
 
-    def finished(self, request_id: str, ok: bool) -> None:
-        event = Finished(request_id, ok)
+    def finished(
+        self,
+        request_id: str,
+        ok: bool,
+        seconds: float | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        event = Finished(request_id, ok, seconds, output_tokens)
         _each(self._listeners, lambda listener: listener.on_finished(event))
 
     def endpoints_changed(self, hostports: Iterable[str]) -> None:
@@ -95,14 +108,20 @@ class InFlight:
 
     Counted from routing to the finish event, so a burst that arrives within one scrape
     interval is seen at once. Each request is remembered with its endpoint, so a finish (or a
-    second one) can never decrement the wrong endpoint or go below zero.
+    second one) can never decrement the wrong endpoint or go below zero. It also remembers
+    when each endpoint was last routed to (``routed_since``), so a scraped queue length can be
+    topped up with what was sent there after the scrape.
     """
 
-    __slots__ = ("_by_request", "_counts")
+    __slots__ = ("_by_request", "_clock", "_counts", "_recent")
 
-    def __init__(self) -> None:
+    RECENT_LIMIT = 1024  # routing times kept per endpoint (more than any scrape interval sees)
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._by_request: dict[str, str] = {}
         self._counts: dict[str, int] = {}
+        self._recent: dict[str, deque[float]] = {}
 
     def count(self, hostport: str) -> int:
         return self._counts.get(hostport, 0)
@@ -111,6 +130,19 @@ class InFlight:
     def total(self) -> int:
         return len(self._by_request)
 
+    def routed_since(self, hostport: str, since: float) -> int:
+        """How many requests were routed to ``hostport`` at or after ``since`` (monotonic).
+
+        Callers ask with non-decreasing ``since`` per endpoint (a scrape's timestamp), so
+        older entries are dropped as they are passed.
+        """
+        times = self._recent.get(hostport)
+        if not times:
+            return 0
+        while times and times[0] < since:
+            times.popleft()
+        return len(times)
+
     def on_routed(self, event: Routed) -> None:
         request_id = event.request.request_id
         previous = self._by_request.get(request_id)
@@ -118,6 +150,10 @@ class InFlight:
             self._decrement(previous)
         self._by_request[request_id] = event.endpoint
         self._counts[event.endpoint] = self._counts.get(event.endpoint, 0) + 1
+        times = self._recent.get(event.endpoint)
+        if times is None:
+            times = self._recent[event.endpoint] = deque(maxlen=self.RECENT_LIMIT)
+        times.append(self._clock())
 
     def on_finished(self, event: Finished) -> None:
         endpoint = self._by_request.pop(event.request_id, None)
@@ -126,7 +162,8 @@ class InFlight:
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         # Requests on an endpoint that left still finish through their streams; keep them.
-        return None
+        for gone in self._recent.keys() - hostports:
+            del self._recent[gone]
 
     def _decrement(self, endpoint: str) -> None:
         left = self._counts.get(endpoint, 0) - 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from endpoint_picker.scheduling.lifecycle import InFlight
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
 
@@ -26,10 +27,12 @@ class UtilizationDetector:
 
     Stale metrics count as saturated because an endpoint we cannot see may be drowning; the
     staleness bound here (200 ms) is much tighter than the stale-metrics filter's, since
-    shedding is for the pool's health, not for the one request.
+    shedding is for the pool's health, not for the one request. The queue counted is the
+    scraped one plus the requests the EPP routed there since that scrape: a burst inside one
+    scrape interval (or flow control releasing its queue) cannot all pass on one stale reading.
     """
 
-    __slots__ = ("_clock", "_kv", "_queue", "_staleness")
+    __slots__ = ("_clock", "_inflight", "_kv", "_queue", "_staleness")
 
     def __init__(
         self,
@@ -38,7 +41,9 @@ class UtilizationDetector:
         kv_cache_util_threshold: float = 0.8,
         metrics_staleness_threshold: float = 0.2,
         clock: Callable[[], float],
+        inflight: InFlight | None = None,
     ) -> None:
+        self._inflight = inflight or InFlight(clock)
         self._queue = queue_depth_threshold
         self._kv = kv_cache_util_threshold
         self._staleness = metrics_staleness_threshold
@@ -51,13 +56,18 @@ class UtilizationDetector:
             kv_cache_util_threshold=params.number("kvCacheUtilThreshold", 0.8, minimum=0),
             metrics_staleness_threshold=params.duration("metricsStalenessThreshold", 0.2),
             clock=ctx.clock,
+            inflight=ctx.inflight,
         )
 
     def is_saturated(self, candidates: Sequence[EndpointState]) -> bool:
         oldest = max(self._clock() - self._staleness, 1e-9)
-        queue, kv = self._queue, self._kv
+        queue, kv, routed_since = self._queue, self._kv, self._inflight.routed_since
         for e in candidates:
             m = e.metrics
-            if m.updated_at >= oldest and m.waiting_queue_size <= queue and m.kv_cache_usage <= kv:
+            if (
+                m.updated_at >= oldest
+                and m.kv_cache_usage <= kv
+                and m.waiting_queue_size + routed_since(e.hostport, m.updated_at) <= queue
+            ):
                 return False
         return True

@@ -132,6 +132,7 @@ _INPUT_TOKEN_BUCKETS = (
 _OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +286,11 @@ class EppMetrics:
              "Plugin processing latency distribution in seconds for each extension point, "
              "plugin type and plugin name.",
              ["extension_point", "plugin_type", "plugin_name"], _SCHEDULER_BUCKETS),
+            ("flow_queue_duration",
+             "inference_extension_flow_control_request_queue_duration_seconds",
+             "Time requests spent in the flow-control queue, by priority band and outcome "
+             "(dispatched, rejected, evicted, expired, cancelled).",
+             ["priority", "outcome"], _QUEUE_BUCKETS),
             ("prefix_hit_ratio", "inference_extension_prefix_indexer_hit_ratio",
              "Ratio of prefix length matched to the request's prefix length (the best "
              "endpoint's match, per request).", [], _RATIO_BUCKETS),
@@ -301,6 +307,19 @@ class EppMetrics:
         self.scheduler_e2e: LoopHistogram
         self.plugin_durations: LoopHistogram
         self.prefix_hit_ratio: LoopHistogram
+        self.flow_queue_duration: LoopHistogram
+        self.flow_queue_size = Gauge(
+            "inference_extension_flow_control_queue_size",
+            "Requests waiting in the flow-control queue, by priority band.",
+            ["priority"],
+            registry=r,
+        )
+        self.flow_queue_bytes = Gauge(
+            "inference_extension_flow_control_queue_bytes",
+            "Request body bytes waiting in the flow-control queue, by priority band.",
+            ["priority"],
+            registry=r,
+        )
         self.prefix_indexer_size = Gauge(
             "inference_extension_prefix_indexer_size",
             "Size of the prefix indexer: block hashes held over every endpoint.",
@@ -422,6 +441,16 @@ class EppMetrics:
 
     def track_prefix_index(self, size: Callable[[], float]) -> None:
         self.prefix_indexer_size.set_function(size)
+
+    # -- flow control's observer (flowcontrol.FlowObserver) ------------------------------------
+
+    def queue_changed(self, priority: int, requests: int, size: int) -> None:
+        band = str(priority)
+        self.flow_queue_size.labels(band).set(requests)
+        self.flow_queue_bytes.labels(band).set(size)
+
+    def left(self, priority: int, outcome: str, waited: float) -> None:
+        self.flow_queue_duration.labels(str(priority), outcome).observe(waited)
 
     def track_limits(
         self, buffered_bytes: Callable[[], float], open_streams: Callable[[], float]

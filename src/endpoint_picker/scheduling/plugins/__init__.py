@@ -21,6 +21,7 @@ from endpoint_picker.scheduling.plugins.scorers import (
     RunningRequestsSizeScorer,
 )
 from endpoint_picker.scheduling.plugins.session import SessionAffinityScorer
+from endpoint_picker.scheduling.plugins.slo import SloAwareScorer, SloSaturationDetector
 from endpoint_picker.scheduling.registry import PluginRegistry
 from endpoint_picker.scheduling.saturation import UtilizationDetector
 
@@ -36,6 +37,8 @@ __all__ = [
     "RunningRequestsSizeScorer",
     "SessionAffinityScorer",
     "SingleProfileHandler",
+    "SloAwareScorer",
+    "SloSaturationDetector",
     "StaleMetricsFilter",
     "UtilizationDetector",
     "WeightedRandomPicker",
@@ -59,3 +62,5 @@ def register_builtins(registry: PluginRegistry) -> None:
     registry.register("inflight-load-scorer", InFlightLoadScorer.from_params)
     registry.register("prefix-cache-scorer", PrefixCacheScorer.from_params)
     registry.register("session-affinity-scorer", SessionAffinityScorer.from_params)
+    registry.register("slo-aware-scorer", SloAwareScorer.from_params)
+    registry.register("slo-saturation-detector", SloSaturationDetector.from_params)

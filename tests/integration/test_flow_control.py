@@ -1,0 +1,186 @@
+"""Flow control through the real ext_proc server: requests wait while the pool is saturated,
+leave by priority when it has room, and a client that goes away leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import pytest
+from tests.support.extproc import (
+    Client,
+    body,
+    error_of,
+    headers,
+    json_body,
+    lb_metadata,
+    make_settings,
+    running_app,
+)
+from tests.support.model_servers import FakeModelServer, fake_model_servers, vllm_metrics
+from tests.support.pool import model, pod, pool, pool_yaml
+
+from endpoint_picker.app import App
+from endpoint_picker.settings import Settings
+
+ADDRS = ["127.0.3.2", "127.0.3.3"]
+BUSY = vllm_metrics(waiting=50, running=10)
+IDLE = vllm_metrics(waiting=0, running=1)
+CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+flowControl:
+  defaultRequestTTL: 2s
+  priorityBands:
+  - priority: -1
+    maxRequests: 2
+plugins:
+- type: queue-scorer
+- type: utilization-detector
+  parameters: {queueDepthThreshold: 5, metricsStalenessThreshold: 2s}
+"""
+
+
+def flow_settings(tmp_path: Path, servers: list[FakeModelServer]) -> Settings:
+    text = pool_yaml(
+        pool(port=servers[0].port),
+        model("crit", criticality="Critical"),
+        model("std", criticality="Standard"),
+        model("shed", criticality="Sheddable"),
+        *(pod(f"p{i}", s.address) for i, s in enumerate(servers)),
+    )
+    settings = make_settings(tmp_path, text, scraping=True)
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    return replace(
+        settings,
+        scrape=replace(settings.scrape, refresh_interval=0.02, staleness_threshold=2.0),
+        scheduling=replace(settings.scheduling, config_file=config),
+    )
+
+
+async def until(check, within: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def flow_app(
+    tmp_path: Path, busy: bool = True
+) -> AsyncIterator[tuple[App, Client, list[FakeModelServer]]]:
+    """Two fake servers (every queue long when ``busy``), the EPP with CONFIG, both scraped."""
+    async with fake_model_servers(ADDRS) as servers:
+        for s in servers:
+            s.metrics_text = BUSY if busy else IDLE
+        async with running_app(flow_settings(tmp_path, servers)) as (app, client):
+            await until(lambda: scraped(app))
+            assert app.flow is not None
+            yield app, client, servers
+
+
+def request(model_name: str) -> list[object]:
+    return [headers(), body(json_body({"model": model_name, "prompt": "hello"}))]
+
+
+def scraped(app: App) -> bool:
+    states = app.datastore.endpoint_states()
+    return len(states) == 2 and all(s.metrics.updated_at > 0 for s in states)
+
+
+async def send(client: Client, model_name: str, order: list[str]) -> str:
+    out = await client.exchange(request(model_name))  # type: ignore[arg-type]
+    if out[0].HasField("immediate_response"):
+        status, _ = error_of(out[0])
+        order.append(f"{model_name}:{status}")
+        return str(status)
+    order.append(model_name)
+    return lb_metadata(out[0])
+
+
+async def test_waiting_requests_leave_by_priority_when_the_pool_has_room(tmp_path: Path) -> None:
+    """While every server's queue is long, requests wait in the EPP (none is sent anywhere);
+    when one server frees up, Critical goes first, then Standard, then Sheddable; a third
+    Sheddable request finds its band full (429) and the queue metrics saw it all."""
+    async with flow_app(tmp_path) as (app, client, servers):
+        assert app.flow is not None
+        order: list[str] = []
+        tasks = []
+        flow = app.flow
+        for name in ("shed", "std", "crit", "shed"):
+            tasks.append(asyncio.create_task(send(client, name, order)))
+            queued = len(tasks)
+            await until(lambda: flow.waiting == queued)  # noqa: B023 (awaited at once)
+        refused = await send(client, "shed", order)
+        assert refused == "429"
+        await asyncio.sleep(0.1)
+        assert order == ["shed:429"]  # nothing else left while saturated
+        servers[1].metrics_text = IDLE
+        picks = await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        assert order[1:] == ["crit", "std", "shed", "shed"]
+        assert set(picks) == {servers[1].hostport}
+        assert app.flow.waiting == 0
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{app.ports.metrics}/metrics"
+            async with session.get(url) as reply:
+                text = await reply.text()
+        assert 'inference_extension_flow_control_queue_size{priority="-1"} 0.0' in text
+        dispatched = (
+            "inference_extension_flow_control_request_queue_duration_seconds_count"
+            '{outcome="dispatched",priority="1"} 1.0'
+        )
+        assert dispatched in text
+        assert '{outcome="rejected",priority="-1"} 1.0' in text
+
+
+async def test_a_waiting_request_times_out_with_503(tmp_path: Path) -> None:
+    async with flow_app(tmp_path) as (_, client, _servers):
+        out = await asyncio.wait_for(client.exchange(request("std")), 5)  # type: ignore[arg-type]
+        status, payload = error_of(out[0])
+        assert status == 503
+        assert "timed out in queue" in payload["error"]["message"]
+
+
+async def test_a_client_that_goes_away_leaves_no_queued_request_and_no_task(
+    tmp_path: Path,
+) -> None:
+    """The ext_proc stream cancelled while its request waits: the queue is empty at once, the
+    server's handler task is gone, and nothing was routed (no in-flight count)."""
+    async with flow_app(tmp_path) as (app, client, servers):
+        assert app.flow is not None
+        before = {t for t in asyncio.all_tasks() if not t.done()}
+        call = client.stub.Process()
+        for message in request("crit"):
+            await call.write(message)
+        await until(lambda: app.flow is not None and app.flow.waiting == 1)
+        call.cancel()
+        await until(lambda: app.flow is not None and app.flow.waiting == 0, within=2.0)
+        await asyncio.sleep(0.05)
+        servers[0].metrics_text = IDLE  # room again: nothing must be dispatched now
+        await asyncio.sleep(0.2)
+        assert app.inflight.total == 0
+
+        def no_new_tasks() -> bool:
+            # grpc keeps its own per-call task of a cancelled call until the server stops
+            # (a plain stream cancelled mid-request does the same); any other is ours
+            after = {t for t in asyncio.all_tasks() if not t.done()} - before
+            after.discard(asyncio.current_task())  # type: ignore[arg-type]
+            return all("_request_registered_call" in repr(t) for t in after)
+
+        await until(no_new_tasks, within=2.0)
+
+
+@pytest.mark.parametrize("name", ["crit", "shed"])
+async def test_with_room_requests_skip_the_queue(tmp_path: Path, name: str) -> None:
+    async with flow_app(tmp_path, busy=False) as (app, client, servers):
+        order: list[str] = []
+        pick = await send(client, name, order)
+        assert pick in {s.hostport for s in servers}
+        assert app.flow is not None
+        assert app.flow.waiting == 0
