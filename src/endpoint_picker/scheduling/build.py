@@ -128,6 +128,17 @@ def describe(config: EndpointPickerConfig | None, *, registry: PluginRegistry | 
         for point, names in profile.plugins.items():
             lines.append(f"    {point}: {', '.join(names) or '-'}")
     lines.append(f"  saturation detector: {built.detector}; profile handler: {built.handler}")
+    flow = config.flow_control
+    if flow is None:
+        lines.append("  flow control: off (saturated pools shed Sheddable requests with 429)")
+    else:
+        bands = ", ".join(f"{p}" for p in sorted(flow.bands, reverse=True)) or "none"
+        lines.append(
+            f"  flow control: on (queue limit {flow.max_requests or 'none'} requests, "
+            f"{flow.max_bytes or 'no'} bytes; TTL {flow.default_ttl:g}s; configured bands: "
+            f"{bands}; other priorities: {flow.default_band.max_requests or 'no limit'} "
+            f"requests, {flow.default_band.fairness}, {flow.default_band.ordering})"
+        )
     return "\n".join(lines)
 
 

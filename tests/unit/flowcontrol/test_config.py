@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.flowcontrol import FairnessPolicy, OrderingPolicy
+from endpoint_picker.scheduling import describe, load_config
 from endpoint_picker.scheduling.config import parse_config
 
 HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
@@ -75,3 +78,14 @@ def test_errors_name_the_field(section: str, path: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(HEAD + section + "\n")
     assert info.value.path == path
+
+
+def test_the_shipped_flow_control_example_builds() -> None:
+    """deploy/examples/scheduler-config-flow-control.yaml validates, builds, and turns flow
+    control on with its Sheddable band."""
+    path = Path(__file__).parents[3] / "deploy" / "examples" / "scheduler-config-flow-control.yaml"
+    config = load_config(path.read_text(), str(path))
+    assert config.flow_control is not None
+    assert config.flow_control.band(-1).max_requests == 200
+    assert config.flow_control.ttl(-1) == 10.0
+    assert "flow control: on" in describe(config)
