@@ -159,12 +159,14 @@ async def running_epp(
     fallbacks: int = 0,
     staleness_threshold: float | None = None,
     refresh_interval: float | None = None,
+    port: int = 0,
 ) -> AsyncIterator[App]:
-    """The EPP in process (TLS with a self-signed certificate, like the shipped configs)."""
+    """The EPP in process (TLS with a self-signed certificate, like the shipped configs);
+    ``port``: its ext_proc port (0: any free one)."""
     settings = make_settings(tmp_path, pool_text, scraping=True)
     settings = replace(
         settings,
-        server=replace(settings.server, secure_serving=tls),
+        server=replace(settings.server, secure_serving=tls, grpc_port=port),
         scheduling=replace(settings.scheduling, max_fallback_endpoints=fallbacks),
     )
     if staleness_threshold is not None:
