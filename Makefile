@@ -3,6 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The status page's browser tests drive Debian's Chromium (never a browser download); installed
+# when missing, with the package lists refreshed only if the first try fails. Root, or sudo.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
 .PHONY: test lint typecheck layers unit run bench clean
 
@@ -22,7 +27,10 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+$(CHROMIUM):
+	$(APT_INSTALL) chromium || { $(SUDO) apt-get update -q && $(APT_INSTALL) chromium; }
+
+unit: $(STAMP) $(CHROMIUM)
 	$(BIN)/pytest -q
 
 test: lint typecheck layers unit
@@ -34,4 +42,4 @@ bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do PYTHONPATH=. $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -2,8 +2,9 @@
 
 Run: ``.venv/bin/python benchmarks/bench_scheduling.py`` (a benchmark, not a test).
 Prints median and p99 microseconds per ``Scheduler.schedule`` call (metrics fresh, debug logs
-off, no observer unless ``--observer``), and the median of a worst-case saturation check (every
-endpoint saturated, so all are scanned).
+off, no observer unless ``--observer``, no record sink unless ``--record``: the status page's
+ring of recent decisions, as ``epp serve`` has it), and the median of a worst-case saturation
+check (every endpoint saturated, so all are scanned).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import random
 import statistics
 import time
 from dataclasses import replace
+from typing import Any
 
 import structlog
 
@@ -54,11 +56,18 @@ def make_pool(n: int, rng: random.Random, now: float) -> list[EndpointState]:
     ]
 
 
-def measure(n: int, iterations: int, fallbacks: int, observer: bool) -> tuple[float, float, float]:
+def measure(
+    n: int, iterations: int, fallbacks: int, observer: bool, record: bool = False
+) -> tuple[float, float, float]:
     """Median and p99 of schedule(), and median of is_saturated(), in microseconds."""
     rng = random.Random(n)
     now = time.monotonic()
     pool = make_pool(n, rng, now)
+    extra: dict[str, Any] = {}
+    if record:  # the sink epp serve gives the scheduler: the status page's recent decisions
+        from endpoint_picker.status.decisions import DecisionLog
+
+        extra["record"] = DecisionLog().record
     parts = build_scheduling(
         None,
         settings=SchedulingSettings(max_fallback_endpoints=fallbacks),
@@ -66,6 +75,7 @@ def measure(n: int, iterations: int, fallbacks: int, observer: bool) -> tuple[fl
         clock=lambda: now,  # frozen, so the metrics stay fresh however long the run takes
         rng=random.Random(1),
         observer=NullObserver() if observer else None,
+        **extra,
     )
     request = LLMRequest("bench", Api.COMPLETIONS, "lora-3", b"{}", {}, target_model="lora-3")
     schedule, detect = parts.scheduler.schedule, parts.saturation_detector.is_saturated
@@ -93,16 +103,17 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20_000)
     parser.add_argument("--fallbacks", type=int, default=0, help="max fallback endpoints")
     parser.add_argument("--observer", action="store_true", help="time every plugin")
+    parser.add_argument("--record", action="store_true", help="keep recent decisions")
     args = parser.parse_args()
     # Production logs at info: the debug branch must cost nothing.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     print(
         f"default profile, fallbacks={args.fallbacks}, observer={args.observer}, "
-        f"{args.iterations} cycles"
+        f"record={args.record}, {args.iterations} cycles"
     )
     print(f"{'endpoints':>9}  {'median us':>9}  {'p99 us':>7}  {'saturation (worst) us':>21}")
     for n in (16, 256):
-        median, p99, sat = measure(n, args.iterations, args.fallbacks, args.observer)
+        median, p99, sat = measure(n, args.iterations, args.fallbacks, args.observer, args.record)
         print(f"{n:>9}  {median:>9.1f}  {p99:>7.1f}  {sat:>21.2f}")
 
 

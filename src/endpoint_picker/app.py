@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import prometheus_client
 import structlog
-from aiohttp import web
 
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import PoolFileSource
@@ -36,6 +35,7 @@ from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.scheduling import build_scheduling, load_config
 from endpoint_picker.settings import Settings
+from endpoint_picker.status import DecisionLog, MetricsServer, StatusView
 from endpoint_picker.telemetry.metrics import EppMetrics, PoolStats
 
 if TYPE_CHECKING:  # imported when used: only a Kubernetes deployment loads the client
@@ -75,7 +75,8 @@ class App:
         self.health = HealthState()
         self._tasks: list[asyncio.Task[None]] = []
         self._servers: list[grpc.aio.Server] = []
-        self._metrics_runner: web.AppRunner | None = None
+        self._metrics_server: MetricsServer | None = None
+        self.decisions = DecisionLog()  # the status page's recent decisions and refusals
         self._stopping = asyncio.Event()
         self.flow: FlowController[RoutingDecision] | None = None  # with the flowControl gate
         self.ports = BoundPorts(0, 0, 0)
@@ -179,6 +180,7 @@ class App:
             clock=self._clock,
             rng=self._rng,
             observer=self.metrics,
+            record=self.decisions.record,
         )
         lifecycle = components.lifecycle
         self.inflight = components.inflight  # the EPP's own in-flight count (tests, status)
@@ -259,6 +261,7 @@ class App:
                 budget=budget,
                 max_headers=server_settings.max_request_headers,
                 max_header_bytes=server_settings.max_request_header_bytes,
+                on_reject=self.decisions.rejected,
             ),
             slots,
             self.metrics,
@@ -276,8 +279,19 @@ class App:
         for server in (ext_server, health_server):
             await server.start()
             self._servers.append(server)
+        status = StatusView(
+            self.datastore,
+            inflight=self.inflight,
+            decisions=self.decisions,
+            health=self,
+            staleness_threshold=self.settings.scrape.staleness_threshold,
+            engine_label=self.settings.scrape.engine_label,
+            flow=self.flow,
+            clock=self._clock,
+        )
+        self._metrics_server = MetricsServer(self.metrics.render, status)
         try:
-            metrics_port = await self._start_metrics_server(host, server_settings.metrics_port)
+            metrics_port = await self._metrics_server.start(host, server_settings.metrics_port)
         except OSError as exc:
             raise ConfigError(
                 f"cannot listen on {_format_address(host, server_settings.metrics_port)}: "
@@ -306,33 +320,18 @@ class App:
         )
         return self.ports
 
-    async def _start_metrics_server(self, host: str, port: int) -> int:
-        async def metrics_handler(_: web.Request) -> web.Response:
-            return web.Response(
-                body=self.metrics.render(),
-                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
-            )
+    def ready(self) -> bool:
+        """Readiness, as the gRPC health service reports it (``/readyz``, the status page)."""
+        return self.health.ready
 
-        async def health_handler(_: web.Request) -> web.Response:
-            ok = self.health.ready
-            text = "ok" if ok else "not ready"
-            if ok and self._kubernetes is not None and not self._kubernetes.healthy:
-                text = "ok (a Kubernetes watch is reconnecting; serving the last state)"
-            if ok and self._source is not None and not self._source.healthy:
-                # Still ready: the last good pool serves; a bad edit must not take the EPP out.
-                text = "ok (pool file change refused; serving the last good pool)"
-            return web.Response(status=200 if ok else 503, text=text)
-
-        web_app = web.Application()
-        web_app.router.add_get("/metrics", metrics_handler)
-        web_app.router.add_get("/healthz", health_handler)
-        runner = web.AppRunner(web_app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
-        self._metrics_runner = runner
-        addresses = runner.addresses  # the real port when 0 was asked for (tests)
-        return int(addresses[0][1]) if addresses else port
+    def note(self) -> str | None:
+        """Why a ready EPP serves an older state, if it does (``/healthz``, the status page)."""
+        if self._kubernetes is not None and not self._kubernetes.healthy:
+            return "a Kubernetes watch is reconnecting; serving the last state"
+        if self._source is not None and not self._source.healthy:
+            # Still ready: the last good pool serves; a bad edit must not take the EPP out.
+            return "pool file change refused; serving the last good pool"
+        return None
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -362,7 +361,7 @@ class App:
         if self._kubernetes is not None:
             await self._kubernetes.close()
         await self._scraper.stop()
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
-            self._metrics_runner = None
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
+            self._metrics_server = None
         log.info("stopped")

@@ -93,6 +93,9 @@ def _curl_lines(port: int) -> str:
     return f"""
 Ready. Try (Envoy on :{port}, EPP metrics on :9090/metrics, Ctrl-C stops everything):
 
+  # the EPP's live status page: open http://127.0.0.1:9090/ in a browser, or as JSON:
+  curl -s http://127.0.0.1:9090/api/status
+
   # a completion of the base model (Critical)
   curl -s {url}/v1/completions -H 'content-type: application/json' \\
     -d '{{"model": "{BASE_MODEL}", "prompt": "Write a haiku about GPUs", "max_tokens": 30}}'

@@ -18,6 +18,7 @@ TTL); candidates and scheduling then run when it is dispatched.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import re
@@ -127,23 +128,31 @@ class RoutingDecision:
 
 _MODEL_KEY = re.compile(rb'"model"\s*:\s*')
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# Each splice attempt parses the whole body once: past this many ``"model"`` keys (nested ones
+# ahead of the top-level key: tool schemas, or a body built to make the rewrite quadratic) the
+# body is re-serialised instead, one parse whatever its size.
+_MAX_MODEL_SPLICES = 8
 
 
 def _rewrite_model(raw: bytes, target_model: str) -> bytes:
     """The body with only the top-level ``model`` value replaced, every other byte kept.
 
-    The value is spliced into the raw bytes. In a valid JSON body a ``"model"`` key match is
-    always a whole key token followed by a whole string value (a quote inside a string is
-    escaped), so a splice changes exactly one value; parsing the result once tells whether it
+    The value is spliced into the raw bytes. In a valid JSON body a ``"model"`` key match
+    always ends with a whole key token (a quote inside a string is escaped, so a match that
+    starts inside a key, ``"\\"model": ...``, ends with that key) followed by a value, so a
+    splice changes exactly one string value; parsing the result once tells whether it
     was the top-level one (a nested ``"model"``, in a tool schema say, leaves the top-level
     value as it was). Only the top-level value is compared, never the whole document, so a
     body nested as deeply as the parser accepts cannot exhaust the recursion limit.
     Re-serialising instead would reformat the body, and orjson would turn integers past 64 bits
     into floats; the standard library is the fallback for bodies the splice cannot handle
-    (``"model"`` spelled with escapes), and a body too deep for it is a 400.
+    (``"model"`` spelled with escapes, or behind more than ``_MAX_MODEL_SPLICES`` other
+    ``"model"`` keys), and a body too deep for it is a 400.
+    ``target_model`` must differ from the body's model (the director rewrites only then): a
+    splice of a nested value equal to it would pass the check.
     """
     value = orjson.dumps(target_model)
-    for key in _MODEL_KEY.finditer(raw):
+    for key in itertools.islice(_MODEL_KEY.finditer(raw), _MAX_MODEL_SPLICES):
         string = _JSON_STRING.match(raw, key.end())
         if string is None:
             continue

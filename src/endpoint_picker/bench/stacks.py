@@ -128,7 +128,8 @@ class StackSpec:
 @dataclass(frozen=True, slots=True)
 class RunningStack:
     """A started stack. ``url``: the base URL clients send OpenAI requests to; ``server_urls``:
-    each model server's base URL (``/metrics``); ``log_paths`` and ``pids`` per child name."""
+    each model server's base URL (``/metrics``); ``log_paths`` and ``pids`` per child name;
+    ``epp_metrics_url``: the EPP's metrics port (``/metrics``), for the ``epp`` stacks only."""
 
     name: str
     url: str
@@ -136,6 +137,7 @@ class RunningStack:
     log_paths: Mapping[str, Path]
     pids: Mapping[str, int]
     folder: Path
+    epp_metrics_url: str | None = None
 
 
 def parse_targets(text: str) -> list[StackSpec]:
@@ -289,6 +291,9 @@ async def running_stack(
             log_paths={c.name: c.log_path for c in children.all},
             pids={c.name: c.proc.pid for c in children.all},
             folder=folder,
+            epp_metrics_url=(
+                f"http://{FRONT_ADDRESS}:{epp_ports[2]}" if spec.kind == "epp" else None
+            ),
         )
         # A child that died during the run made its results meaningless: say so, loudly.
         if (gone := children.exited()) is not None:

@@ -98,6 +98,15 @@ class Datastore:
         return self._state.pool if self._state else None
 
     @property
+    def state(self) -> PoolState | None:
+        """The served pool as of now (immutable: pool, models, endpoints), None before a load."""
+        return self._state
+
+    def metrics_of(self, hostport: str) -> MetricsSnapshot:
+        """An endpoint's latest metrics, reachable or not (``EMPTY_METRICS``: never scraped)."""
+        return self._metrics.get(hostport, EMPTY_METRICS)
+
+    @property
     def endpoints(self) -> tuple[Endpoint, ...]:
         return self._state.endpoints if self._state else ()
 

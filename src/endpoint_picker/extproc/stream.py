@@ -111,8 +111,10 @@ class RequestStream:
         budget: BodyBudget | None = None,
         max_headers: int = DEFAULT_MAX_HEADERS,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        on_reject: Callable[[str, str, str, ErrorCode, str], None] | None = None,
     ) -> None:
         self._director = director
+        self._on_reject = on_reject  # (request id, model, target model, code, message): status
         self._max_headers = max_headers
         self._max_header_bytes = max_header_bytes
         self._max_body_bytes = max_body_bytes
@@ -177,6 +179,8 @@ class RequestStream:
         self.finished = True
         if self._metrics is not None:
             self._metrics.request_failed(model, target_model, code)
+        if self._on_reject is not None:
+            self._on_reject(self._request_id, model, target_model, code, message)
         return [responses.immediate_error(code, message)]
 
     # -- request path ---------------------------------------------------------------------------

@@ -80,7 +80,8 @@ class FlowControlConfig:
 _TOP_KEYS = ("maxRequests", "maxBytes", "defaultRequestTTL", "defaultPriorityBand",
              "priorityBands")  # fmt: skip
 _BAND_KEYS = ("maxRequests", "maxBytes", "fairnessPolicy", "orderingPolicy", "requestTTL")
-_BYTES = re.compile(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?")
+# ASCII digits, no more than int() reads (a string of 5,000 digits would raise ValueError)
+_BYTES = re.compile(r"([0-9]{1,30})(Ki|Mi|Gi|Ti|k|M|G|T)?")
 _UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
 

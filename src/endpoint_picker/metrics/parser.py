@@ -11,13 +11,15 @@ Aggregation across series (data-parallel ranks differ by an ``engine`` label; an
 in any order, are ignored unless a spec matches on them): queues and running requests are
 summed, KV usage is averaged, the LoRA series with the largest value (a timestamp) wins, cache
 geometry comes from the first series, the base models are every value of the queue series'
-model label. Non-finite values (``NaN``, ``+Inf``) are skipped.
+model label. Non-finite values (``NaN``, ``+Inf``) are skipped, and a sum or mean of finite
+values is clamped to [0, the largest float] (two samples of ``1e308`` overflow to infinity).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from functools import lru_cache
 
 from endpoint_picker.errors import EppError
@@ -25,6 +27,7 @@ from endpoint_picker.metrics.engines import EngineMetricNames, MetricSpec, Specs
 from endpoint_picker.types import MetricsSnapshot
 
 _BOUNDARY = frozenset(b"{ \t")
+_MAX_FLOAT = sys.float_info.max
 # One label pair; values may hold escaped quotes, commas and braces.
 _LABEL = re.compile(rb'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _ESCAPES = re.compile(rb"\\(.)")
@@ -62,7 +65,7 @@ def parse_metrics(text: bytes, names: EngineMetricNames, now: float) -> MetricsS
     return MetricsSnapshot(
         waiting_queue_size=_count(queue),
         running_requests=_count(running),
-        kv_cache_usage=max(0.0, sum(kv_values) / len(kv_values)) if kv_values else 0.0,
+        kv_cache_usage=_clamp(sum(kv_values) / len(kv_values)) if kv_values else 0.0,
         active_adapters=active,
         waiting_adapters=waiting,
         max_active_adapters=max_lora,
@@ -74,7 +77,12 @@ def parse_metrics(text: bytes, names: EngineMetricNames, now: float) -> MetricsS
 
 
 def _count(samples: list[Sample] | None) -> int:
-    return max(0, round(sum(value for _, value in samples))) if samples else 0
+    return round(_clamp(sum(value for _, value in samples))) if samples else 0
+
+
+def _clamp(value: float) -> float:
+    """``value`` within [0, the largest float]: finite samples can still sum to infinity."""
+    return max(0.0, min(value, _MAX_FLOAT))
 
 
 def _first_present(text: bytes, specs: Specs) -> list[Sample] | None:

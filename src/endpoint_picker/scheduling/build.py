@@ -26,6 +26,7 @@ from endpoint_picker.scheduling.config import (
     parse_config,
 )
 from endpoint_picker.scheduling.framework import (
+    CycleRecord,
     Filter,
     Picker,
     PluginRef,
@@ -104,8 +105,12 @@ def build_scheduling(
     rng: random.Random | None = None,
     registry: PluginRegistry | None = None,
     observer: SchedulerObserver | None = None,
+    record: Callable[[CycleRecord], object] | None = None,
 ) -> SchedulingComponents:
-    """Build the scheduler and saturation detector; raise ``ConfigError`` with the field's path."""
+    """Build the scheduler and saturation detector; raise ``ConfigError`` with the field's path.
+
+    ``record`` receives every routed cycle (the status page's recent decisions; see
+    ``Scheduler``)."""
     context = PluginContext(
         settings=settings,
         staleness_threshold=staleness_threshold,
@@ -114,7 +119,9 @@ def build_scheduling(
         inflight=InFlight(clock),
         observer=observer,
     )
-    built = _build(config or default_config(), context, registry or default_registry(), observer)
+    built = _build(
+        config or default_config(), context, registry or default_registry(), observer, record
+    )
     return built.components
 
 
@@ -177,6 +184,7 @@ def _build(
     context: PluginContext,
     registry: PluginRegistry,
     observer: SchedulerObserver | None,
+    record: Callable[[CycleRecord], object] | None = None,
 ) -> _Assembly:
     built: dict[str, _Built] = {}
     detectors: list[tuple[str, SaturationDetector]] = []
@@ -239,7 +247,7 @@ def _build(
     )
     if not isinstance(detector, SaturationDetector):  # a replaced built-in gone wrong
         raise ConfigError(f'"{DEFAULT_DETECTOR}" is not a saturation detector', "<default>")
-    scheduler = Scheduler(profiles, handler, observer=observer)
+    scheduler = Scheduler(profiles, handler, observer=observer, record=record)
     plugins = [entry.ref.plugin for entry in built.values()]
     lifecycle = Lifecycle(
         [context.inflight, *(p for p in plugins if isinstance(p, LifecycleListener))],

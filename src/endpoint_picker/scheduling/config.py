@@ -1,4 +1,4 @@
-"""The ``EndpointPickerConfig`` file: parsed once with ``yaml.safe_load`` into frozen dataclasses.
+"""The ``EndpointPickerConfig`` file: parsed once by a safe YAML loader into frozen dataclasses.
 
 The format is the reference EPP's, so its users' files work unchanged::
 
@@ -30,13 +30,15 @@ from types import MappingProxyType
 
 import yaml
 
-from endpoint_picker.errors import ConfigError
+from endpoint_picker import yamlsafe
+from endpoint_picker.errors import ConfigError, clip
 from endpoint_picker.flowcontrol import (
     FEATURE_GATE,
     FlowControlConfig,
     parse_feature_gates,
     parse_flow_control,
 )
+from endpoint_picker.scheduling.registry import finite_number
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 KIND = "EndpointPickerConfig"
@@ -122,9 +124,14 @@ schedulingProfiles:
 def parse_config(text: str, source: str = "<config>") -> EndpointPickerConfig:
     """Parse YAML text and check its shape; raise ``ConfigError`` naming the field at fault."""
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=yamlsafe.Loader)  # a safe loader
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from exc
+    except yamlsafe.VALUE_ERRORS as exc:
+        what = clip(f"{type(exc).__name__}: {exc}")
+        raise ConfigError(f"{source}: not valid YAML: a value it cannot build ({what})") from exc
     if doc is None:
         doc = {}
     root = _mapping(doc, "", _TOP_KEYS, what="the config")
@@ -204,11 +211,10 @@ def _parse_refs(
             raise ConfigError(f'plugin "{ref}" is already in this profile', f"{ref_path}.pluginRef")
         used.add(ref)
         weight = entry.get("weight")
-        if weight is not None and (
-            isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0
-        ):
+        number = finite_number(weight)  # NaN or an infinity would turn every total into NaN
+        if weight is not None and (number is None or number < 0):
             raise ConfigError("must be a number >= 0", f"{ref_path}.weight")
-        specs.append(ProfilePluginSpec(ref, None if weight is None else float(weight)))
+        specs.append(ProfilePluginSpec(ref, number))
     return tuple(specs)
 
 
@@ -240,6 +246,7 @@ def _string(value: object, path: str) -> str:
 
 
 def _join(path: str, key: str) -> str:
+    key = key or '""'  # an empty key still names a spot
     return f"{path}.{key}" if path else key
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
 
@@ -51,13 +51,16 @@ class _Window:
     fit and, when ``ranked``, the latencies sorted for the P95. Old samples leave from the left
     (by age or count)."""
 
-    __slots__ = ("n", "ranked", "samples", "sx", "sxx", "sxy", "sy", "syy")
+    __slots__ = ("_line", "_observed", "n", "ranked", "samples", "sx", "sxx", "sxy", "sy", "syy")
 
     def __init__(self, ranked: bool = False) -> None:
         self.samples: deque[tuple[float, float, float]] = deque()
         self.ranked: list[float] | None = [] if ranked else None
         self.n = 0
         self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+        # computed on demand, kept until the next change
+        self._line: tuple[float, float, float] | None = None
+        self._observed: tuple[float, float] | None = None
 
     def add(self, at: float, x: float, y: float, limit: int) -> None:
         self.samples.append((at, x, y))
@@ -67,6 +70,7 @@ class _Window:
         self.sxx += x * x
         self.sxy += x * y
         self.syy += y * y
+        self._line = self._observed = None
         if self.ranked is not None:
             bisect.insort(self.ranked, y)
         if self.n > limit:
@@ -80,6 +84,7 @@ class _Window:
     def _drop(self) -> None:
         _, x, y = self.samples.popleft()
         self.n -= 1
+        self._line = self._observed = None
         if self.ranked is not None:
             del self.ranked[bisect.bisect_left(self.ranked, y)]
         if not self.n:  # start the sums afresh: no rounding carried over
@@ -91,20 +96,21 @@ class _Window:
         self.sxy -= x * y
         self.syy -= y * y
 
-    @property
-    def mean_load(self) -> float:
-        return self.sx / self.n
-
-    def observed_p95(self) -> float:
-        assert self.ranked is not None, "a window made with ranked=True"
-        return p95(self.ranked)
+    def observed(self) -> tuple[float, float]:
+        """``(P95 of seconds per token, mean load)`` of the samples (a ``ranked`` window)."""
+        if self._observed is None:
+            assert self.ranked is not None, "a window made with ranked=True"
+            self._observed = (p95(self.ranked), self.sx / self.n)
+        return self._observed
 
     def line(self) -> tuple[float, float, float]:
         """``(intercept, slope, residual sd)`` of seconds per token against load.
 
         The slope is never negative (more load never makes a server faster; a negative slope is
-        noise); with one distinct load it is 0 and the line is the mean.
+        noise); with one distinct load it is 0 and the line is the mean. Computed once per change.
         """
+        if self._line is not None:
+            return self._line
         n = self.n
         mean_x, mean_y = self.sx / n, self.sy / n
         var_x = self.sxx / n - mean_x * mean_x
@@ -115,7 +121,8 @@ class _Window:
         var_y = self.syy / n - mean_y * mean_y
         residual = var_y - 2 * slope * cov + slope * slope * max(var_x, 0.0)
         sd = math.sqrt(residual * n / (n - 1)) if n > 1 and residual > 0 else 0.0
-        return intercept, slope, sd
+        self._line = (intercept, slope, sd)
+        return self._line
 
 
 class LatencyTracker:
@@ -150,8 +157,8 @@ class LatencyTracker:
         self._window = window
         self._limit = max_samples
         self._min_samples = min_samples
-        self._load = InFlight()  # every request this EPP has in flight, per endpoint
-        self._objective_load = InFlight()  # those with a latency objective
+        self._load = InFlight(clock)  # every request this EPP has in flight, per endpoint
+        self._objective_load = InFlight(clock)  # those with a latency objective
         self._pending: dict[str, tuple[str, str, int]] = {}  # id -> endpoint, model, load
         self._fits: dict[str, _Window] = {}  # endpoint (and _POOL) -> samples
         self._tails: dict[tuple[str, str], _Window] = {}  # (endpoint, target model) -> samples
@@ -227,24 +234,35 @@ class LatencyTracker:
     def predict(self, endpoint: str, model: str, load: float) -> float | None:
         """The P95 of seconds per output token that a ``model`` request routed to ``endpoint``
         at ``load`` (requests in flight there, itself included) should expect; None: no data."""
-        oldest = self._clock() - self._window
+        return self._predict(endpoint, model, load, self._clock() - self._window)
+
+    def predict_next(self, model: str, endpoints: Sequence[str]) -> list[float | None]:
+        """``predict`` for one more ``model`` request on each endpoint, at its load now + 1."""
+        oldest, count = self._clock() - self._window, self._load.count
+        return [self._predict(e, model, count(e) + 1, oldest) for e in endpoints]
+
+    def _predict(self, endpoint: str, model: str, load: float, oldest: float) -> float | None:
         line = self._line(endpoint, oldest)
-        fitted = None
-        if line is not None:
-            intercept, slope, sd = line
-            fitted = max(0.0, intercept + slope * load + Z_95 * sd)
         tail = self._tails.get((endpoint, model))
         if tail is not None:
             tail.expire(oldest)
-        if tail is None or not tail.n:
-            return fitted
-        observed = tail.observed_p95()
-        if line is not None:  # the observation, moved along the slope to today's load
-            observed = max(0.0, observed + line[1] * (load - tail.mean_load))
-        weight = min(1.0, tail.n / self._min_samples)
-        if fitted is None or weight >= 1.0:
+            if not tail.n:
+                tail = None
+        if line is None:  # no fit means no samples anywhere, so no tail either
+            return None
+        intercept, slope, sd = line
+        fitted = intercept + slope * load + Z_95 * sd
+        if tail is None:
+            return fitted if fitted > 0.0 else 0.0
+        observed, observed_load = tail.observed()
+        # the observation, moved along the slope from the load it met to today's
+        observed += slope * (load - observed_load)
+        if observed < 0.0:
+            observed = 0.0
+        weight = tail.n / self._min_samples
+        if weight >= 1.0:
             return observed
-        return weight * observed + (1.0 - weight) * fitted
+        return weight * observed + (1.0 - weight) * (fitted if fitted > 0.0 else 0.0)
 
     def _line(self, endpoint: str, oldest: float) -> tuple[float, float, float] | None:
         """The endpoint's fitted line, or the pool's when it has no samples; None: no data."""

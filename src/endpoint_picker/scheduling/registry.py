@@ -8,6 +8,7 @@ keys with their exact config path.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -69,11 +70,14 @@ class Params:
         if value is None:
             return default
         bounds = _bounds_text(minimum, maximum)
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        number = finite_number(value)
+        if (
+            number is None
+            or (minimum is not None and number < minimum)
+            or (maximum is not None and number > maximum)
+        ):
             raise ConfigError(f"must be a number{bounds}, got {value!r}", self.path(key))
-        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            raise ConfigError(f"must be a number{bounds}, got {value!r}", self.path(key))
-        return float(value)
+        return number
 
     def integer(self, key: str, default: int, *, minimum: int | None = None) -> int:
         """A whole number (a float with no fraction, like ``2.0``, is accepted)."""
@@ -108,8 +112,8 @@ class Params:
                 seconds = parse_duration(value)
             except ConfigError as exc:
                 raise ConfigError(str(exc), self.path(key)) from exc
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            seconds = float(value)
+        elif (number := finite_number(value)) is not None:
+            seconds = number
         else:
             raise ConfigError(
                 f"must be a duration such as 200ms or a number of seconds, got {value!r}",
@@ -117,6 +121,8 @@ class Params:
             )
         if seconds < 0:
             raise ConfigError(f"must not be negative, got {value!r}", self.path(key))
+        if math.isinf(seconds):  # "999...9h": more digits than a float holds
+            raise ConfigError(f"must be finite, got {value!r}", self.path(key))
         return seconds
 
     def finish(self) -> None:
@@ -125,6 +131,18 @@ class Params:
             if key not in self._read:
                 known = ", ".join(sorted(self._read)) or "none"
                 raise ConfigError(f"unknown parameter (known: {known})", self.path(key))
+
+
+def finite_number(value: object) -> float | None:
+    """``value`` as a finite float; None for a non-number, NaN, the infinities and integers
+    past the largest float (YAML reads ``.nan``, ``.inf`` and integers of any length)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _bounds_text(minimum: float | None, maximum: float | None) -> str:

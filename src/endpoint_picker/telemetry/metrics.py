@@ -6,6 +6,7 @@ Existing dashboards query these names, label sets and buckets. Each app owns one
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -217,6 +218,14 @@ def _nothing_configured(name: str) -> bool:
     return False
 
 
+def _event_loop_tasks() -> float:
+    """Tasks not yet done in the running event loop; 0 when there is none (a rendering thread)."""
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # no running event loop in this thread
+        return 0.0
+
+
 class EppMetrics:
     """Every metric the EPP exports; also the scheduler's timing observer.
 
@@ -368,6 +377,14 @@ class EppMetrics:
             "ext_proc streams answered 429 because the concurrent-stream limit was reached.",
             registry=r,
         )
+        # Read when /metrics is rendered, which the metrics server does on the event loop; a
+        # count that climbs under steady load is a leak (benchmarks/bench_soak.py watches it).
+        self.event_loop_tasks = Gauge(
+            "inference_extension_event_loop_tasks",
+            "asyncio tasks not yet done in the EPP's event loop (0 when rendered off the loop).",
+            registry=r,
+        )
+        self.event_loop_tasks.set_function(_event_loop_tasks)
 
     # -- the scheduler's observer protocol ----------------------------------------------------
 

@@ -86,6 +86,15 @@ async def test_envoy_stack_serves_and_stops(target: str, model: str, tmp_path: P
         ]
         assert set(stack.pids) == ({"sim", "envoy"} | ({"epp"} if target == "epp" else set()))
         await _check_one_completion(stack, model)
+        if target == "epp":  # the EPP's own metrics page, for benchmarks that watch it
+            assert stack.epp_metrics_url is not None
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"{stack.epp_metrics_url}/metrics") as reply,
+            ):
+                assert "inference_extension_event_loop_tasks" in await reply.text()
+        else:
+            assert stack.epp_metrics_url is None
     _assert_all_stopped(stack)
 
 

@@ -160,3 +160,19 @@ def test_default_scheduler_with_no_candidates_returns_nothing() -> None:
     result = build().scheduler.schedule(request(), [])
     assert result.endpoints == ()
     assert result.profile == "default"
+
+
+def test_record_sink_gets_each_routed_cycle_with_its_running_sums() -> None:
+    """The record sink gets the request's ids, the picks and one running sum per scorer; a
+    cycle whose filters leave nothing is not recorded."""
+    records: list[tuple[object, ...]] = []
+    prof, _ = profile(scorers=[([0.5, 1.0], 2.0), ([1.0, 0.25], 4.0)], filters=[DropFilter("gone")])
+    scheduler = Scheduler([prof], SingleProfileHandler(), record=records.append)
+    eps = [endpoint("a"), endpoint("b")]
+    scheduler.schedule(request("m"), eps)
+    scheduler.schedule(request("m"), [endpoint("gone")])  # nothing left: not a decision
+    ((_, request_id, model, target, candidates, recorded, picked, cycle),) = records
+    assert (request_id, model, target, candidates, recorded) == ("req-1", "m", "m", 2, prof)
+    assert [e.endpoint.pod_name for e in picked] == ["a"]
+    assert cycle == (eps, [[0.0, 0.0], [1.0, 2.0], [5.0, 3.0]])
+    assert prof.scorer_weights == (("s0", 2.0), ("s1", 4.0))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -85,3 +87,26 @@ def test_error_codes_use_the_reference_names() -> None:
         "ServiceUnavailable",
         "Internal",
     }
+
+
+async def test_event_loop_tasks_counts_the_running_loops_tasks() -> None:
+    """The gauge reads the live task count of the loop /metrics is rendered on."""
+
+    def loop_tasks() -> float:
+        [(_, value)] = samples_of(metrics, "inference_extension_event_loop_tasks")
+        return value
+
+    metrics = EppMetrics()
+    before = loop_tasks()
+    release = asyncio.Event()
+    waiters = [asyncio.create_task(release.wait()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert loop_tasks() == before + 3
+    release.set()
+    await asyncio.gather(*waiters)
+    assert loop_tasks() == before
+
+
+def test_event_loop_tasks_is_zero_off_the_loop() -> None:
+    """Rendered where no event loop runs, the gauge reads 0 instead of failing the page."""
+    assert samples_of(EppMetrics(), "inference_extension_event_loop_tasks") == [({}, 0.0)]

@@ -19,20 +19,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 import yaml
 
+from endpoint_picker import yamlsafe
 from endpoint_picker.datastore.decode import decode_documents
 from endpoint_picker.datastore.objects import ClusterState
 from endpoint_picker.datastore.pool import PoolState
-from endpoint_picker.errors import ConfigError
+from endpoint_picker.errors import ConfigError, clip
 from endpoint_picker.types import Endpoint
 
 log = structlog.get_logger(__name__)
 
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # On the InferencePool: the file empties the pool on purpose (scale to zero), so apply it.
 ALLOW_EMPTY_POOL_ANNOTATION = "endpoint-picker.io/allow-empty-pool"
@@ -84,7 +84,7 @@ def parse_pool_bytes(data: bytes, source: str) -> ClusterState:
 def parse_pool_text(text: str, source: str) -> ClusterState:
     try:
         # libyaml's loader when present: a large pool file parses several times faster
-        docs = list(yaml.load_all(text, Loader=_LOADER))
+        docs = list(yaml.load_all(text, Loader=yamlsafe.Loader))
     except RecursionError as exc:
         raise ConfigError("invalid YAML: nested too deeply", source) from exc
     except yaml.YAMLError as exc:
@@ -92,6 +92,9 @@ def parse_pool_text(text: str, source: str) -> ClusterState:
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"invalid YAML: {problem}", where) from exc
+    except yamlsafe.VALUE_ERRORS as exc:
+        what = clip(f"{type(exc).__name__}: {exc}")
+        raise ConfigError(f"invalid YAML: a value it cannot build ({what})", source) from exc
     try:
         return decode_documents(docs, source)
     except ConfigError:

@@ -79,16 +79,9 @@ class SloAwareScorer(_Tracking):
         objective = request.latency_objective
         if objective is None:
             return [1.0 - tracker.objective_share(e.hostport) for e in endpoints]
-        model, span = request.target_model, self._headroom * objective
-        scores = []
-        for e in endpoints:
-            hostport = e.hostport
-            predicted = tracker.predict(hostport, model, tracker.load(hostport) + 1)
-            if predicted is None:
-                scores.append(1.0)
-            else:
-                scores.append(min(1.0, max(0.0, (objective - predicted) / span)))
-        return scores
+        span = self._headroom * objective
+        predicted = tracker.predict_next(request.target_model, [e.hostport for e in endpoints])
+        return [1.0 if p is None else min(1.0, max(0.0, (objective - p) / span)) for p in predicted]
 
 
 class SloSaturationDetector(_Tracking):
@@ -114,9 +107,5 @@ class SloSaturationDetector(_Tracking):
         if demanding is None:
             return False
         model, objective = demanding
-        for e in candidates:
-            hostport = e.hostport
-            predicted = tracker.predict(hostport, model, tracker.load(hostport) + 1)
-            if predicted is None or predicted <= objective:
-                return False
-        return True
+        predicted = tracker.predict_next(model, [e.hostport for e in candidates])
+        return all(p is not None and p > objective for p in predicted)

@@ -1,0 +1,107 @@
+"""The metrics port's HTTP server (aiohttp, on the event loop).
+
+``GET /metrics``     the EPP's own Prometheus metrics
+``GET /healthz``     200 "ok" when ready (with a note when a source is degraded), else 503
+``GET /readyz``      200 when ready (the gRPC health service's readiness), else 503
+``GET /``            the status page: one static HTML file with its script and style sheet
+                     (``static/``, shipped as package data), no build step and no CDN
+``GET /api/status``  what the page shows, as JSON (``StatusView``; README has the schema)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+
+import orjson
+from aiohttp import web
+
+from endpoint_picker.status.view import StatusView
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The page loads nothing but its own files and its own JSON.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+_ASSETS = {
+    "": ("index.html", "text/html"),
+    "status.js": ("status.js", "text/javascript"),
+    "status.css": ("status.css", "text/css"),
+    "favicon.svg": ("favicon.svg", "image/svg+xml"),
+}
+
+
+def _load_assets() -> dict[str, tuple[bytes, str]]:
+    folder = resources.files("endpoint_picker.status") / "static"
+    return {path: ((folder / name).read_bytes(), kind) for path, (name, kind) in _ASSETS.items()}
+
+
+class MetricsServer:
+    """Serves the metrics port; ``start`` binds it and returns the port (the real one for 0)."""
+
+    def __init__(self, render_metrics: Callable[[], bytes], view: StatusView) -> None:
+        self._render_metrics = render_metrics
+        self._view = view
+        self._assets = _load_assets()
+        self._runner: web.AppRunner | None = None
+
+    def application(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/api/status", self._status)
+        app.router.add_get("/", self._asset)
+        app.router.add_get("/static/{name}", self._asset)
+        return app
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port``; raises ``OSError`` when the port cannot be bound."""
+        runner = web.AppRunner(self.application(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        addresses = runner.addresses  # the real port when 0 was asked for (tests)
+        return int(addresses[0][1]) if addresses else port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=self._render_metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+        )
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        health = self._view.health
+        if not health.ready():
+            return web.Response(status=503, text="not ready")
+        note = health.note()  # still ready: the last good state serves
+        return web.Response(text=f"ok ({note})" if note else "ok")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        ready = self._view.health.ready()
+        return web.Response(status=200 if ready else 503, text="ready" if ready else "not ready")
+
+    async def _status(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=orjson.dumps(self._view.snapshot()),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def _asset(self, request: web.Request) -> web.Response:
+        asset = self._assets.get(request.match_info.get("name", ""))  # "/" has no name
+        if asset is None:
+            raise web.HTTPNotFound()
+        body, kind = asset
+        return web.Response(body=body, content_type=kind, charset="utf-8", headers=_PAGE_HEADERS)

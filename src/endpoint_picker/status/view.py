@@ -1,0 +1,165 @@
+"""What the status page shows, as one JSON-ready dict (``GET /api/status``; README has the shape).
+
+Read on demand from the parts the composition root built: the datastore (pool, models,
+endpoints with their metrics snapshots), the in-flight counter, flow control's queues and the
+decision log. Nothing here runs on the request path, and no prompt or body can reach it: the
+parts it reads never hold one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, Protocol
+
+from endpoint_picker.datastore import InferenceModel, PoolState
+from endpoint_picker.status.decisions import DecisionLog
+from endpoint_picker.types import Endpoint, MetricsSnapshot
+
+SCHEMA_VERSION = 1
+# flow-control priorities reported by band, besides the pool's InferenceObjectives': the
+# criticalities' (Critical 1, Standard 0, Sheddable -1)
+_CRITICALITY_PRIORITIES = (1, 0, -1)
+
+
+class PoolReader(Protocol):
+    """What the status page reads of the datastore."""
+
+    @property
+    def state(self) -> PoolState | None: ...
+
+    @property
+    def unreachable(self) -> dict[str, str]: ...
+
+    def metrics_of(self, hostport: str) -> MetricsSnapshot: ...
+
+
+class InFlightCounts(Protocol):
+    @property
+    def total(self) -> int: ...
+
+    def count(self, hostport: str) -> int: ...
+
+
+class QueueSizes(Protocol):
+    """Flow control's queues, when the gate is on."""
+
+    @property
+    def waiting(self) -> int: ...
+
+    def waiting_in(self, priority: int) -> int: ...
+
+
+class Health(Protocol):
+    """Readiness (the gRPC health service's truth) and why a ready EPP is degraded, if it is."""
+
+    def ready(self) -> bool: ...
+
+    def note(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    """Builds the status dict; ``clock`` is the monotonic clock metrics snapshots are dated by."""
+
+    pool: PoolReader
+    _: KW_ONLY
+    inflight: InFlightCounts
+    decisions: DecisionLog
+    health: Health
+    staleness_threshold: float
+    engine_label: str
+    flow: QueueSizes | None = None
+    clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], float] = time.time
+
+    def snapshot(self) -> dict[str, Any]:
+        state = self.pool.state
+        now = self.clock()
+        unreachable = self.pool.unreachable
+        endpoints = state.endpoints if state is not None else ()
+        return {
+            "version": SCHEMA_VERSION,
+            "time": self.wall_clock(),
+            "ready": self.health.ready(),
+            "note": self.health.note(),
+            "pool": _pool(state),
+            "models": [_model(m) for m in _models(state)],
+            "stalenessThresholdSeconds": self.staleness_threshold,
+            "endpoints": [self._endpoint(e, now, unreachable.get(e.hostport)) for e in endpoints],
+            "inFlight": self.inflight.total,
+            "flowControl": self._flow_control(state),
+            "decisions": self.decisions.recent(),
+        }
+
+    def _endpoint(self, endpoint: Endpoint, now: float, unreachable: str | None) -> dict[str, Any]:
+        metrics = self.pool.metrics_of(endpoint.hostport)
+        age = round(now - metrics.updated_at, 3) if metrics.updated_at > 0 else None
+        return {
+            "name": endpoint.pod_name,
+            "namespace": endpoint.namespace,
+            "address": endpoint.hostport,
+            "engine": endpoint.label(self.engine_label) or "vllm",
+            "waiting": metrics.waiting_queue_size,
+            "running": metrics.running_requests,
+            "kvCacheUsage": round(metrics.kv_cache_usage, 4),
+            "activeAdapters": sorted(metrics.active_adapters),
+            "waitingAdapters": sorted(metrics.waiting_adapters),
+            "maxAdapters": metrics.max_active_adapters,
+            "metricsAgeSeconds": age,
+            "stale": age is None or age > self.staleness_threshold,
+            "unreachable": unreachable,
+            "inFlight": self.inflight.count(endpoint.hostport),
+        }
+
+    def _flow_control(self, state: PoolState | None) -> dict[str, Any] | None:
+        flow = self.flow
+        if flow is None:
+            return None
+        priorities = set(_CRITICALITY_PRIORITIES)
+        if state is not None:
+            priorities.update(o.priority for o in state.objectives.values())
+        by_priority = {str(p): flow.waiting_in(p) for p in sorted(priorities, reverse=True)}
+        return {
+            "waiting": flow.waiting,
+            "byPriority": {p: n for p, n in by_priority.items() if n},
+        }
+
+
+def _pool(state: PoolState | None) -> dict[str, Any] | None:
+    if state is None:
+        return None
+    pool = state.pool
+    return {
+        "name": pool.name,
+        "namespace": pool.namespace,
+        "apiVersion": pool.api_version,
+        "selector": dict(pool.selector),
+        "targetPorts": list(pool.target_ports),
+    }
+
+
+def _models(state: PoolState | None) -> list[InferenceModel]:
+    return sorted(state.models.values(), key=lambda m: m.model_name) if state else []
+
+
+def _model(model: InferenceModel) -> dict[str, Any]:
+    total = sum(t.weight for t in model.target_models)
+    return {
+        "name": model.model_name,
+        "criticality": model.criticality.value,
+        "targets": [
+            {
+                "name": t.name,
+                "weight": t.weight,
+                "percent": round(100 * t.weight / total, 1) if total else 0.0,
+            }
+            for t in model.target_models
+        ],
+        "objective": (
+            {"perOutputTokenP95Seconds": model.objective.per_output_token_p95}
+            if model.objective
+            else None
+        ),
+    }

@@ -1,0 +1,134 @@
+"""The status page in a real browser (Debian's headless Chromium) against a running EPP.
+
+The page runs under its own content policy (no eval), so every wait is a function, not a
+string expression.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+from playwright.async_api import Page
+from tests.support.browser import chromium_page
+from tests.support.extproc import body, headers, json_body
+from tests.support.status import PROMPT_MARKER, StatusStack, status_stack
+
+WAIT_MS = 5000
+
+
+async def open_page(page: Page, stack: StatusStack) -> None:
+    """Load the page and wait for a second update: the page refreshes itself in place."""
+    await page.goto(f"{stack.base_url}/")
+    updates = "seen => Number(document.body.dataset.updated) > seen"
+    await page.wait_for_function(updates, arg=0, timeout=WAIT_MS)
+    seen = int(await page.get_attribute("body", "data-updated") or 0)
+    await page.wait_for_function(updates, arg=seen, timeout=WAIT_MS)
+
+
+async def row_texts(page: Page, table: str) -> list[str]:
+    return await page.locator(f"#{table} tbody tr").all_inner_texts()
+
+
+async def addresses(page: Page) -> list[str]:
+    return await page.eval_on_selector_all(
+        "#endpoints tbody tr", "rows => rows.map(r => r.dataset.address)"
+    )
+
+
+async def test_page_shows_pool_endpoints_in_flight_and_decisions(tmp_path: Path) -> None:
+    """The page shows the pool, each endpoint's queue, running requests, KV usage, adapters
+    and state (the unscraped one marked stale), a request in flight, and the decisions with
+    their scores or error; it updates itself; no prompt reaches its DOM."""
+    async with status_stack(tmp_path) as stack:
+        await stack.wait_scraped(2)
+        await stack.complete("food-review")
+        await stack.refused("no-such-model")
+        # one request routed and not finished: in flight until its stream ends
+        call = stack.client.stub.Process()
+        request = {"model": "base", "prompt": f"still going {PROMPT_MARKER}"}
+        await call.write(headers())
+        await call.write(body(json_body(request)))
+        await call.read()
+        try:
+            async with chromium_page(tmp_path / "chromium") as page:
+                await open_page(page, stack)
+                await page.screenshot(path=tmp_path / "status-page.png", full_page=True)
+                assert await page.text_content("#pool-name") == "default/pool"
+                assert await page.text_content("#ready") == "ready"
+                assert await page.text_content("#sum-endpoints") == "3"
+                assert await page.text_content("#sum-inflight") == "1"
+                assert await page.text_content("#sum-stale") == "1"
+                models = await row_texts(page, "models")
+                assert any("food-v1 80% (weight 80)" in m for m in models), models
+                busy, idle, silent = stack.servers
+                rows = await row_texts(page, "endpoints")
+                assert await addresses(page) == [busy.hostport, idle.hostport, silent.hostport]
+                cells = [r.split("\t") for r in rows]
+                # pod, address, engine, queue, running, in flight, KV, adapters, age, state
+                assert cells[0][3:5] == ["2", "3"]
+                assert cells[0][6].strip() == "42.0%"
+                assert cells[0][7] == "food-v1 (1/4 slots)"
+                assert cells[0][9] == "ok"
+                assert cells[2][8:] == ["never", "stale: never scraped"]
+                assert (
+                    await page.get_attribute(
+                        f'#endpoints tr[data-address="{silent.hostport}"]', "class"
+                    )
+                    == "stale"
+                )
+                assert sum(int(c[5]) for c in cells) == 1  # the open request, on one endpoint
+                decisions = await row_texts(page, "decisions")
+                assert len(decisions) == 3
+                newest, refused, routed = decisions
+                assert "base" in newest
+                assert "404 NotFound: model 'no-such-model' is not served" in refused
+                assert "food-review \u2192 food-v" in routed
+                assert "passed the filters" in routed
+                assert "kv-cache-utilization" in routed  # a scorer's share is shown
+                assert PROMPT_MARKER not in await page.content()
+                assert PROMPT_MARKER not in await page.inner_text("body")
+        finally:
+            await call.done_writing()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+    assert (tmp_path / "status-page.png").stat().st_size > 10_000
+
+
+async def test_page_follows_endpoints_that_come_and_go_without_reloading(tmp_path: Path) -> None:
+    """A pod added to and one removed from the pool file appear and disappear on the open
+    page within seconds, the rows that stay are the same DOM nodes, the page never reloads,
+    and an endpoint whose scrapes start failing turns stale."""
+    async with status_stack(tmp_path, serving=2) as stack:
+        first, second, third = stack.servers
+        third.metrics_status = 200  # scrapes fine once it joins
+        await stack.wait_scraped(2)
+        async with chromium_page(tmp_path / "chromium") as page:
+            await open_page(page, stack)
+            assert await addresses(page) == [first.hostport, second.hostport]
+            await page.evaluate("window.loadedOnce = true")
+            kept = await page.query_selector(f'tr[data-address="{second.hostport}"]')
+            assert kept is not None
+
+            stack.set_pool([second, third])
+            await page.wait_for_function(
+                """wanted => {
+                    const rows = [...document.querySelectorAll('#endpoints tbody tr')];
+                    return rows.map(r => r.dataset.address).join() === wanted &&
+                        rows[1].querySelector('td.state').textContent === 'ok';
+                }""",
+                arg=f"{second.hostport},{third.hostport}",
+                timeout=WAIT_MS,
+            )
+            assert await page.evaluate("window.loadedOnce") is True
+            assert await kept.evaluate("row => row.isConnected") is True
+            assert await page.text_content("#sum-endpoints") == "2"
+
+            second.metrics_status = 500  # its last metrics age past the 2 s threshold
+            await page.wait_for_function(
+                "a => document.querySelector(`tr[data-address='${a}']`).className === 'stale'",
+                arg=second.hostport,
+                timeout=WAIT_MS,
+            )
+            assert await page.text_content("#sum-stale") == "1"
+            await page.screenshot(path=tmp_path / "status-page-changed.png", full_page=True)

@@ -1,0 +1,173 @@
+"""The status JSON: the pool, its models, every endpoint with its metrics and their age."""
+
+from __future__ import annotations
+
+from endpoint_picker.datastore import (
+    ClusterState,
+    Datastore,
+    InferenceModel,
+    InferenceObjective,
+    InferencePool,
+    Pod,
+)
+from endpoint_picker.datastore.objects import API_V1ALPHA2, TargetModel
+from endpoint_picker.status.decisions import DecisionLog
+from endpoint_picker.status.view import StatusView
+from endpoint_picker.types import Criticality, MetricsSnapshot
+
+ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Health:
+    def __init__(self, ready: bool = True, note: str | None = None) -> None:
+        self._ready, self._note = ready, note
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def note(self) -> str | None:
+        return self._note
+
+
+class InFlight:
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def count(self, hostport: str) -> int:
+        return self.counts.get(hostport, 0)
+
+
+class Queues:
+    waiting = 3
+
+    def waiting_in(self, priority: int) -> int:
+        return {1: 1, 7: 2}.get(priority, 0)
+
+
+def pod(name: str, ip: str, **labels: str) -> Pod:
+    return Pod(name, "ns", (("app", "vllm"), *labels.items()), ip, True)
+
+
+def cluster(*pods: Pod) -> ClusterState:
+    pool = InferencePool("pool", "ns", API_V1ALPHA2, (("app", "vllm"),), (8000,))
+    food = InferenceModel(
+        "food", "ns", "food-review", Criticality.STANDARD,
+        (TargetModel("food-v1", 3), TargetModel("food-v2", 1)), "pool", None, 0,
+    )  # fmt: skip
+    base = InferenceModel("base", "ns", "base", Criticality.CRITICAL, (), "pool", None, 1)
+    gold = InferenceObjective("gold", "ns", 7, "pool")
+    return ClusterState(pools=(pool,), models=(food, base), pods=pods, objectives=(gold,))
+
+
+def view(store: Datastore, clock: Clock, **kwargs: object) -> StatusView:
+    args: dict[str, object] = {
+        "inflight": InFlight({}),
+        "decisions": DecisionLog(),
+        "health": Health(),
+        "staleness_threshold": 2.0,
+        "engine_label": ENGINE_LABEL,
+        "clock": clock,
+        "wall_clock": lambda: 1_700_000_000.0,
+    }
+    args.update(kwargs)
+    return StatusView(store, **args)  # type: ignore[arg-type]
+
+
+def test_before_the_pool_loads_the_status_is_empty_and_not_ready() -> None:
+    """No pool: null pool, no models or endpoints, not ready."""
+    status = view(Datastore(), Clock(), health=Health(ready=False)).snapshot()
+    assert status["pool"] is None
+    assert (status["models"], status["endpoints"], status["decisions"]) == ([], [], [])
+    assert status["ready"] is False
+    assert status["flowControl"] is None
+    assert status["version"] == 1
+    assert status["time"] == 1_700_000_000.0
+
+
+def test_pool_and_models_with_their_traffic_split() -> None:
+    """The pool's identity, and each model's criticality and split as weights and percents."""
+    store = Datastore()
+    store.apply(cluster())
+    status = view(store, Clock(), health=Health(note="pool file change refused")).snapshot()
+    assert status["pool"] == {
+        "name": "pool",
+        "namespace": "ns",
+        "apiVersion": API_V1ALPHA2,
+        "selector": {"app": "vllm"},
+        "targetPorts": [8000],
+    }
+    assert status["note"] == "pool file change refused"
+    base, food = status["models"]
+    assert base == {"name": "base", "criticality": "Critical", "targets": [], "objective": None}
+    assert food["criticality"] == "Standard"
+    assert food["targets"] == [
+        {"name": "food-v1", "weight": 3, "percent": 75.0},
+        {"name": "food-v2", "weight": 1, "percent": 25.0},
+    ]
+
+
+def test_endpoints_show_metrics_age_staleness_unreachability_and_in_flight_counts() -> None:
+    """Fresh metrics are shown with their age; old or missing ones are stale; an endpoint
+    known to be down says why; in-flight counts are the EPP's own."""
+    clock = Clock()
+    store = Datastore()
+    store.apply(cluster(pod("a", "10.0.0.1"), pod("b", "10.0.0.2", **{ENGINE_LABEL: "sglang"}),
+                        pod("c", "10.0.0.3")))  # fmt: skip
+    a, b, _ = store.endpoints
+    store.update_metrics(
+        a,
+        MetricsSnapshot(
+            waiting_queue_size=3,
+            running_requests=5,
+            kv_cache_usage=0.421234,
+            active_adapters=frozenset({"food-v2", "food-v1"}),
+            max_active_adapters=4,
+            updated_at=clock.now - 0.25,
+        ),
+    )
+    store.update_metrics(b, MetricsSnapshot(updated_at=clock.now - 5))
+    store.mark_unreachable(b.hostport, "connection refused")
+    status = view(store, clock, inflight=InFlight({a.hostport: 2})).snapshot()
+    first, second, third = status["endpoints"]
+    assert first == {
+        "name": "a",
+        "namespace": "ns",
+        "address": "10.0.0.1:8000",
+        "engine": "vllm",
+        "waiting": 3,
+        "running": 5,
+        "kvCacheUsage": 0.4212,
+        "activeAdapters": ["food-v1", "food-v2"],
+        "waitingAdapters": [],
+        "maxAdapters": 4,
+        "metricsAgeSeconds": 0.25,
+        "stale": False,
+        "unreachable": None,
+        "inFlight": 2,
+    }
+    assert (second["engine"], second["stale"], second["metricsAgeSeconds"]) == ("sglang", True, 5)
+    assert second["unreachable"] == "connection refused"
+    assert (third["stale"], third["metricsAgeSeconds"]) == (True, None)  # never scraped
+    assert status["inFlight"] == 2
+    clock.now += 2.0  # a's metrics now 2.25 s old: past the threshold
+    assert view(store, clock).snapshot()["endpoints"][0]["stale"] is True
+
+
+def test_flow_control_queues_by_priority_including_the_pools_objectives() -> None:
+    """With flow control on, the waiting total and the non-empty bands, objectives' too."""
+    store = Datastore()
+    store.apply(cluster())
+    status = view(store, Clock(), flow=Queues()).snapshot()
+    assert status["flowControl"] == {"waiting": 3, "byPriority": {"7": 2, "1": 1}}
