@@ -233,9 +233,9 @@ def agrees(text: str, engine: str) -> None:
 
 @given(pages(), st.sampled_from(sorted(ENGINES)))
 def test_agrees_with_prometheus_client(text: str, engine: str) -> None:
-    """On well-formed pages the snapshot is what prometheus_client's samples give by the
-    documented rules (sums, mean, LoRA max, first cache series), or a MetricsParseError
-    exactly when a required family is absent."""
+    """Well-formed pages give the snapshot prometheus_client's samples give by the rules."""
+    # the rules: sums, mean, LoRA max, first cache series; and a MetricsParseError exactly when
+    # a required family is absent
     agrees(text, engine)
 
 
@@ -244,8 +244,7 @@ EXTREMES = st.sampled_from(["1e308", "1.7976931348623157e308", "-1e308", "NaN", 
 
 @given(pages(EXTREMES, noise=False), st.sampled_from(sorted(ENGINES)))
 def test_extreme_values(text: str, engine: str) -> None:
-    """Pages of values at the float limits: still what prometheus_client's samples give, and
-    every count and usage finite (sums past the largest float are clamped)."""
+    """Values at the float limits still agree, and every count and usage stays finite."""
     agrees(text, engine)
     check_snapshot(text.encode(), ENGINES[engine])
 
@@ -304,8 +303,7 @@ GARBAGE_ATOMS = st.sampled_from(
 
 @given(st.lists(GARBAGE_ATOMS | st.text(max_size=4), max_size=40), st.sampled_from(sorted(ENGINES)))
 def test_garbage_text(atoms: list[str], engine: str) -> None:
-    """Text made of metric names, label syntax and numbers in any order: a snapshot of
-    non-negative finite values, or a MetricsParseError (its documented error), nothing else."""
+    """Metric-like garbage gives a sane snapshot or a MetricsParseError, nothing else."""
     check_snapshot("".join(atoms).encode(), ENGINES[engine])
 
 
@@ -316,8 +314,8 @@ def test_arbitrary_bytes(data: bytes, engine: str) -> None:
 
 
 def test_finite_samples_summing_past_the_largest_float() -> None:
-    """Regression: two queue samples of 1e308 raised OverflowError (round(inf)), and two KV
-    samples gave an infinite usage; both are clamped to the largest float now."""
+    """Regression: finite samples summing past the largest float are clamped, not inf."""
+    # two queue samples of 1e308 raised OverflowError (round(inf)); two KV samples gave inf
     page = (
         'vllm:num_requests_waiting{engine="0"} 1e308\n'
         'vllm:num_requests_waiting{engine="1"} 1e308\n'

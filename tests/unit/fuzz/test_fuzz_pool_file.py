@@ -121,8 +121,7 @@ def test_mutated_example(data: st.DataObject) -> None:
 
 @given(st.data())
 def test_raw_yaml_scalars_in_example(data: st.DataObject) -> None:
-    """A value of the example replaced by raw YAML text PyYAML types itself (dates, huge
-    integers, explicit tags, aliases, broken syntax): a ConfigError at worst."""
+    """A value replaced by raw YAML (dates, huge ints, tags, aliases): ConfigError at worst."""
     check(raw_scalar_in(POOL_TEXT, data))
 
 
@@ -154,9 +153,7 @@ def test_scalar_documents(docs: list[Any]) -> None:
     ],
 )
 def test_yaml_values_pyyaml_cannot_build(value: str) -> None:
-    """Regression: scalars PyYAML types but cannot build escaped as ValueError, KeyError,
-    IndexError or AttributeError: a traceback at startup, and a reload the file source
-    neither refused nor reported."""
+    """Regression: scalars PyYAML types but cannot build are a ConfigError."""
     text = POOL_TEXT.replace("targetPortNumber: 8000", f"targetPortNumber: {value}")
     with pytest.raises(ConfigError, match="a value it cannot build") as caught:
         parse_pool_text(text, SOURCE)
@@ -164,8 +161,8 @@ def test_yaml_values_pyyaml_cannot_build(value: str) -> None:
 
 
 def test_name_too_long_to_print() -> None:
-    """Regression: a hexadecimal metadata.name of 5,000 digits loaded, then quoting it in the
-    error raised ValueError, caught only as "unexpected content" without the field."""
+    """Regression: a 5,000-digit hex metadata.name is refused when loaded."""
+    # it loaded, then quoting it raised ValueError, caught only as "unexpected content"
     text = POOL_TEXT.replace("name: vllm-llama3-8b\n", f"name: 0x{'f' * 5000}\n", 1)
     with pytest.raises(ConfigError, match="a value it cannot build"):
         parse_pool_text(text, SOURCE)

@@ -153,8 +153,7 @@ def splice_of(raw: bytes, out: bytes, old: str, new: str) -> bool:
 def test_rewrite_changes_only_the_model(
     case: tuple[dict[str, Any], str], serialiser: tuple[Serialiser, bool]
 ) -> None:
-    """The rewritten body parses to the original with only the top-level model changed, and a
-    plainly spelled key is spliced: every byte outside the model's value is kept."""
+    """Only the top-level model changes; a plain key is spliced with every other byte kept."""
     body, target = case
     dumps, may_escape = serialiser
     raw = dumps(body)
@@ -176,8 +175,8 @@ def test_rewrite_changes_only_the_model(
 def test_many_nested_model_keys_parse_a_bounded_number_of_times(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Regression: each nested "model" key ahead of the top-level one cost a parse of the whole
-    body (quadratic: 16,000 in 600 KB blocked the loop 51 s); now a bounded number of parses."""
+    """Regression: many nested "model" keys cost a bounded number of parses."""
+    # each one cost a parse of the whole body: quadratic, 16,000 in 600 KB blocked the loop 51 s
     message = b'{"model":"x","content":"hello there"}'
     raw = b'{"messages":[' + b",".join([message] * 2_000) + b'],"model":"food-review"}'
     parses = 0
