@@ -102,6 +102,15 @@ class Params:
             raise ConfigError(f"must be a non-empty string, got {value!r}", self.path(key))
         return value
 
+    def boolean(self, key: str, default: bool) -> bool:
+        """``true`` or ``false`` (YAML booleans only, not strings or numbers)."""
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"must be true or false, got {value!r}", self.path(key))
+        return value
+
     def duration(self, key: str, default: float) -> float:
         """Seconds, from a Go duration string (``200ms``) or a number of seconds."""
         value = self._get(key)

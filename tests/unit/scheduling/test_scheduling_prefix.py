@@ -148,7 +148,7 @@ def test_a_failing_listener_does_not_stop_the_others() -> None:
 
 def test_prefix_scorer_learns_from_routing() -> None:
     """After a request is routed to an endpoint, the same prefix scores 1 there, 0 elsewhere."""
-    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000)
+    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000, placement=False)
     a, b = endpoint(), endpoint()
     prompt = "system prompt " * 20
     first = completion(prompt + "question one", rid="1")
@@ -164,7 +164,7 @@ def test_prefix_scorer_learns_from_routing() -> None:
 
 def test_prefix_scorer_forgets_endpoints_that_left() -> None:
     """on_endpoints purges the index of endpoints no longer in the pool."""
-    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000)
+    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000, placement=False)
     a = endpoint()
     request = completion("p" * 400, rid="1")
     scorer.score(request, [a])
@@ -220,7 +220,7 @@ def test_a_prompt_nested_past_the_serialiser_gets_no_prefix_and_no_error() -> No
     for _ in range(1000):
         deep = [deep]
     request = LLMRequest("r", Api.COMPLETIONS, "m", b"", {"prompt": deep}, target_model="m")
-    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000)
+    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000, placement=False)
     assert scorer.score(request, [endpoint()]) == [0.0]
 
 
@@ -238,7 +238,7 @@ def test_session_tokens_round_trip_and_foreign_tokens_are_ignored() -> None:
 
 def test_session_scorer_prefers_the_token_then_the_remembered_session() -> None:
     """The token's endpoint scores 1; a session id follows where it last went; else all 0."""
-    scorer = SessionAffinityScorer("x-session-id", max_sessions=10)
+    scorer = SessionAffinityScorer("x-session-id", max_sessions=10, placement=False)
     a, b = endpoint(), endpoint()
     token = {"x-session-token": session_token(b.hostport)}
     assert scorer.score(with_headers(token), [a, b]) == [0.0, 1.0]
@@ -252,7 +252,7 @@ def test_session_scorer_prefers_the_token_then_the_remembered_session() -> None:
 
 def test_session_memory_is_bounded() -> None:
     """Past maxSessions the least recently routed sessions are forgotten."""
-    scorer = SessionAffinityScorer("x-session-id", max_sessions=2)
+    scorer = SessionAffinityScorer("x-session-id", max_sessions=2, placement=False)
     a = endpoint()
     for session in ("s1", "s2", "s3"):
         scorer.on_routed(Routed(with_headers({"x-session-id": session}), a.hostport))

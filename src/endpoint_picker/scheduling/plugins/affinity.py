@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
+from endpoint_picker.scheduling.placement import Placement
 from endpoint_picker.scheduling.prefix import (
     CHARS_PER_TOKEN,
     PrefixIndex,
@@ -102,6 +103,10 @@ class PrefixCacheScorer:
     is routed, its blocks are recorded for that endpoint. Each endpoint's entries live in an LRU
     sized like its KV cache (``vllm:cache_config_info``: ``num_gpu_blocks`` x ``block_size``
     tokens, in blocks of ``blockSizeTokens``), or ``lruCapacityPerServer`` until it reports one.
+
+    A prefix no candidate holds (not even its first block) is placed (``deterministicPlacement``,
+    on by default): the endpoint chosen by rendezvous hashing of its first block's hash scores
+    1.0, so every replica sends a new prefix to the same endpoint (see ``placement.py``).
     """
 
     __slots__ = (
@@ -112,6 +117,7 @@ class PrefixCacheScorer:
         "_max_blocks",
         "_observer",
         "_pending",
+        "_placement",
     )
 
     def __init__(
@@ -120,8 +126,10 @@ class PrefixCacheScorer:
         max_blocks: int,
         lru_capacity: int,
         observer: PrefixObserver | None = None,
+        placement: bool = True,
     ) -> None:
         self._observer = observer
+        self._placement = Placement() if placement else None
         self._block_chars = block_tokens * CHARS_PER_TOKEN
         self._max_blocks = max_blocks
         self._fallback = lru_capacity
@@ -139,6 +147,7 @@ class PrefixCacheScorer:
             params.integer("maxPrefixBlocksToMatch", 256, minimum=1),
             params.integer("lruCapacityPerServer", 31_250, minimum=1),
             ctx.observer if isinstance(ctx.observer, PrefixObserver) else None,
+            params.boolean("deterministicPlacement", True),
         )
 
     @property
@@ -165,10 +174,14 @@ class PrefixCacheScorer:
         if not hashes:
             return [0.0] * len(endpoints)
         total = len(hashes)
-        matched = self._index.match(hashes, [e.hostport for e in endpoints])
+        hostports = [e.hostport for e in endpoints]
+        matched = self._index.match(hashes, hostports)
         scores = [m / total for m in matched]
+        best = max(scores)
         if self._observer is not None:
-            self._observer.prefix_hit_ratio_observed(max(scores))
+            self._observer.prefix_hit_ratio_observed(best)
+        if best == 0.0 and self._placement is not None:
+            scores[self._placement.pick(hashes[0], hostports)] = 1.0
         return scores
 
     def on_routed(self, event: Routed) -> None:

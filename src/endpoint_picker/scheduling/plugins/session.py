@@ -10,7 +10,9 @@ Two ways in, as users of the reference EPP and of the peer routers expect:
 
 Either way the preference is a score, not a rule: an endpoint that is gone, stale or past the
 load bound is no candidate (the filters removed it), and the session moves on, to be
-remembered where it lands next.
+remembered where it lands next. A session id seen for the first time is placed
+(``deterministicPlacement``, on by default) by rendezvous hashing of the id over the
+candidates, so every replica starts the same session on the same endpoint (``placement.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, Routed
+from endpoint_picker.scheduling.placement import Placement, stable_hash
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState, parse_hostport
 
@@ -49,11 +52,12 @@ def token_endpoint(token: str) -> str | None:
 class SessionAffinityScorer:
     """1.0 for the endpoint the request's session token or session id points at, else 0."""
 
-    __slots__ = ("_header", "_max_sessions", "_sessions", "request_headers")
+    __slots__ = ("_header", "_max_sessions", "_placement", "_sessions", "request_headers")
 
     issues_session_tokens = True
 
-    def __init__(self, header: str, max_sessions: int) -> None:
+    def __init__(self, header: str, max_sessions: int, placement: bool = True) -> None:
+        self._placement = Placement() if placement else None
         self._header = header.lower()
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[str, str] = OrderedDict()
@@ -62,7 +66,11 @@ class SessionAffinityScorer:
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> SessionAffinityScorer:
         header = params.string("sessionHeader", "x-session-id")
-        return cls(header, params.integer("maxSessions", 100_000, minimum=1))
+        return cls(
+            header,
+            params.integer("maxSessions", 100_000, minimum=1),
+            params.boolean("deterministicPlacement", True),
+        )
 
     def _wanted(self, request: LLMRequest) -> str | None:
         headers = request.headers
@@ -74,9 +82,14 @@ class SessionAffinityScorer:
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         wanted = self._wanted(request)
-        if wanted is None:
-            return [0.0] * len(endpoints)
-        return [1.0 if e.hostport == wanted else 0.0 for e in endpoints]
+        if wanted is not None:
+            return [1.0 if e.hostport == wanted else 0.0 for e in endpoints]
+        scores = [0.0] * len(endpoints)
+        session = request.headers.get(self._header)
+        if session and self._placement is not None and endpoints:
+            hostports = [e.hostport for e in endpoints]
+            scores[self._placement.pick(stable_hash(session), hostports)] = 1.0
+        return scores
 
     def on_routed(self, event: Routed) -> None:
         session = event.request.headers.get(self._header)

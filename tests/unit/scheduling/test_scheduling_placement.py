@@ -1,0 +1,78 @@
+"""Deterministic placement: rendezvous hashing, and the scorers that place new prefixes and
+sessions with it so separate replicas agree."""
+
+from __future__ import annotations
+
+import random
+
+from tests.unit.scheduling.builders import endpoint
+from tests.unit.scheduling.test_scheduling_prefix import completion, with_headers
+
+from endpoint_picker.scheduling.placement import Placement, stable_hash
+from endpoint_picker.scheduling.plugins.affinity import PrefixCacheScorer
+from endpoint_picker.scheduling.plugins.session import SessionAffinityScorer
+
+HOSTS = [f"10.0.0.{i}:8000" for i in range(1, 9)]
+
+
+def test_pick_ignores_the_order_of_the_endpoints() -> None:
+    """Two replicas listing the pool in different orders choose the same endpoint."""
+    placement = Placement()
+    shuffled = HOSTS[:]
+    random.Random(7).shuffle(shuffled)
+    for key in range(200):
+        assert HOSTS[placement.pick(key, HOSTS)] == shuffled[placement.pick(key, shuffled)]
+
+
+def test_an_endpoint_leaving_moves_only_its_own_keys() -> None:
+    """Consistency: removing one of 8 endpoints moves exactly the keys it won, about 1/8."""
+    placement = Placement()
+    keys = [stable_hash(f"prefix-{i}") for i in range(4000)]
+    before = {k: HOSTS[placement.pick(k, HOSTS)] for k in keys}
+    fewer = [h for h in HOSTS if h != HOSTS[3]]
+    moved = [k for k in keys if fewer[placement.pick(k, fewer)] != before[k]]
+    assert all(before[k] == HOSTS[3] for k in moved)
+    assert 0.09 < len(moved) / len(keys) < 0.16
+
+
+def test_keys_spread_evenly() -> None:
+    placement = Placement()
+    counts = dict.fromkeys(HOSTS, 0)
+    for i in range(8000):
+        counts[HOSTS[placement.pick(stable_hash(f"k{i}"), HOSTS)]] += 1
+    assert max(counts.values()) < 1.15 * min(counts.values())
+
+
+def test_stable_hash_is_fixed() -> None:
+    """Not Python's salted hash: the value is the same in every process, forever."""
+    # BLAKE2b-64 of the UTF-8 text, read little-endian
+    assert stable_hash("session-1") == 0xACE763D42CBD49AE
+
+
+def test_two_prefix_scorers_place_a_new_prefix_on_the_same_endpoint() -> None:
+    """Separate scorers (as in two replicas) send a prefix nobody holds to the same endpoint;
+    once an endpoint holds it, matching takes over as before."""
+    first, second = PrefixCacheScorer(4, 64, 1000), PrefixCacheScorer(4, 64, 1000)
+    pool = [endpoint() for _ in range(6)]
+    for i in range(20):
+        request = completion(f"system prompt number {i} " * 10, rid=f"r{i}")
+        a, b = first.score(request, pool), second.score(request, list(reversed(pool)))
+        assert sorted(a) == [0.0] * 5 + [1.0]
+        assert a == list(reversed(b))
+    off = PrefixCacheScorer(4, 64, 1000, placement=False)
+    assert off.score(completion("fresh " * 10), pool) == [0.0] * 6
+
+
+def test_two_session_scorers_start_a_new_session_on_the_same_endpoint() -> None:
+    first = SessionAffinityScorer("x-session-id", 10)
+    second = SessionAffinityScorer("x-session-id", 10)
+    pool = [endpoint() for _ in range(5)]
+    picks = set()
+    for i in range(30):
+        request = with_headers({"x-session-id": f"conversation-{i}"})
+        a, b = first.score(request, pool), second.score(request, pool)
+        assert a == b
+        assert sorted(a) == [0.0] * 4 + [1.0]
+        picks.add(a.index(1.0))
+    assert len(picks) > 1  # different sessions spread
+    assert first.score(with_headers({}), pool) == [0.0] * 5  # no session: no preference
