@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import ipaddress
 import os
 import shutil
@@ -49,7 +50,12 @@ from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
 STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
 FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
 FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
-TARGET_FORMS = "rr, lr, epp, epp=PATH.yaml, vllm-router[:POLICY], sglang-router[:POLICY]"
+TARGET_FORMS = (
+    "rr, lr, epp, epp=PATH.yaml, Nxepp[=PATH.yaml] (N replicas), vllm-router[:POLICY], "
+    "sglang-router[:POLICY]"
+)
+_MAX_REPLICAS = 8
+_EPP_CLUSTER = "endpoint_picker"  # the ext_proc cluster's name in deploy/envoy/templates
 _PYTHON = (sys.executable, "-m", "endpoint_picker")
 
 TargetKind = Literal["rr", "lr", "epp", "vllm-router", "sglang-router"]
@@ -123,6 +129,7 @@ class StackSpec:
     kind: TargetKind
     config_file: Path | None = None  # epp=PATH: an EndpointPickerConfig
     policy: str | None = None  # the peer routers' --policy
+    replicas: int = 1  # Nxepp: N EPP processes behind one Envoy, each learning on its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +145,7 @@ class RunningStack:
     pids: Mapping[str, int]
     folder: Path
     epp_metrics_url: str | None = None
+    epp_metrics_urls: tuple[str, ...] = ()  # every replica's, the first one's first
 
 
 def parse_targets(text: str) -> list[StackSpec]:
@@ -160,6 +168,13 @@ def parse_targets(text: str) -> list[StackSpec]:
 
 
 def _parse_one(entry: str) -> StackSpec:
+    count, x, rest = entry.partition("x")
+    if x and count.isdigit() and (rest == "epp" or rest.startswith("epp=")):
+        replicas = int(count)
+        if not 1 <= replicas <= _MAX_REPLICAS:
+            raise BenchError(f"--stack: {entry!r}: 1 to {_MAX_REPLICAS} replicas")
+        spec = _parse_one(rest)
+        return StackSpec(entry, spec.kind, spec.config_file, spec.policy, replicas)
     if entry in _PLAIN:
         find_envoy()
         return StackSpec(entry, _PLAIN[entry])
@@ -251,20 +266,25 @@ async def running_stack(
     addresses = fleet.addresses()
     port = shared_port(addresses)
     servers = tuple(f"http://{a}:{port}" for a in addresses)
-    front_port, admin_port, *epp_ports = free_ports(5, FRONT_ADDRESS)
+    front_port, admin_port, *epp_ports = free_ports(2 + 3 * spec.replicas, FRONT_ADDRESS)
     url = f"http://{FRONT_ADDRESS}:{front_port}"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
             sim = await children.start("sim", [*_PYTHON, "sim", *fleet.sim_args(plan, port)])
-            epp: Child | None = None
+            epps: list[tuple[Child, int]] = []  # each replica and its metrics port
             if spec.kind == "epp":  # meanwhile: its first scrapes may fail, which it survives
                 pool = folder / "pool.yaml"
                 pool.write_text(pool_file(plan, addresses, port))
-                epp = await children.start("epp", _epp_argv(spec, pool, epp_ports))
+                for i in range(spec.replicas):
+                    ports = epp_ports[3 * i : 3 * i + 3]
+                    name = "epp" if spec.replicas == 1 else f"epp{i + 1}"
+                    epps.append(
+                        (await children.start(name, _epp_argv(spec, pool, ports)), ports[2])
+                    )
             for server in servers:
                 await children.wait(sim, http_probe(session, f"{server}/health"))
-            if epp is not None:  # before Envoy, whose first health check of it must pass
-                health = f"http://{FRONT_ADDRESS}:{epp_ports[2]}/healthz"
+            for epp, metrics_port in epps:  # before Envoy, whose first health check must pass
+                health = f"http://{FRONT_ADDRESS}:{metrics_port}/healthz"
                 await children.wait(epp, http_probe(session, health))
             if peer is not None:
                 argv = peers.router_args(
@@ -276,7 +296,7 @@ async def running_stack(
             else:
                 config = folder / "envoy.yaml"
                 config.write_text(
-                    _envoy_config(spec, addresses, port, front_port, admin_port, epp_ports[0])
+                    _envoy_config(spec, addresses, port, front_port, admin_port, epp_ports[0::3])
                 )
                 argv = [envoy, "-c", str(config), "--disable-hot-restart", "--log-level", "warning"]
                 front = await children.start("envoy", argv)
@@ -294,6 +314,7 @@ async def running_stack(
             epp_metrics_url=(
                 f"http://{FRONT_ADDRESS}:{epp_ports[2]}" if spec.kind == "epp" else None
             ),
+            epp_metrics_urls=tuple(f"http://{FRONT_ADDRESS}:{port}" for _, port in epps),
         )
         # A child that died during the run made its results meaningless: say so, loudly.
         if (gone := children.exited()) is not None:
@@ -315,16 +336,38 @@ def _epp_argv(spec: StackSpec, pool: Path, ports: Sequence[int]) -> list[str]:
 
 
 def _envoy_config(
-    spec: StackSpec, addresses: Sequence[str], port: int, listen: int, admin: int, epp: int
+    spec: StackSpec,
+    addresses: Sequence[str],
+    port: int,
+    listen: int,
+    admin: int,
+    epps: Sequence[int],
 ) -> str:
     if spec.kind == "epp":
-        return envoy_config.render(
+        text = envoy_config.render(
             "reference", listen_address=FRONT_ADDRESS, listen_port=listen,
             admin_address=FRONT_ADDRESS, admin_port=admin, epp_address=FRONT_ADDRESS,
-            epp_port=epp,
+            epp_port=epps[0],
         )  # fmt: skip
+        return text if len(epps) == 1 else _more_epps(text, epps)
     endpoints = [(a, port) for a in addresses]
     return render_direct(spec.kind, endpoints=endpoints, listen_port=listen, admin_port=admin)
+
+
+def _more_epps(text: str, epp_ports: Sequence[int]) -> str:
+    """The rendered config with one ext_proc endpoint per EPP replica: Envoy balances the
+    ext_proc streams (one per request) over them round robin."""
+    config = yaml.safe_load(text)
+    clusters = config["static_resources"]["clusters"]
+    (cluster,) = [c for c in clusters if c["name"] == _EPP_CLUSTER]
+    (locality,) = cluster["load_assignment"]["endpoints"]
+    (first,) = locality["lb_endpoints"]
+    locality["lb_endpoints"] = []
+    for epp_port in epp_ports:
+        endpoint = copy.deepcopy(first)
+        endpoint["endpoint"]["address"]["socket_address"]["port_value"] = epp_port
+        locality["lb_endpoints"].append(endpoint)
+    return str(yaml.safe_dump(config, sort_keys=False))
 
 
 __all__ = [

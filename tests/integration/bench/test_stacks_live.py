@@ -73,6 +73,34 @@ async def _check_one_completion(stack: RunningStack, model: str) -> None:
 
 @needs_envoy
 @pytest.mark.timeout(30)
+async def test_two_epp_replicas_share_the_requests(tmp_path: Path) -> None:
+    """2xepp: two EPP processes behind one Envoy, which spreads the ext_proc streams over
+    both (each replica's own metrics count requests), and every child stops."""
+    (spec,) = parse_targets("2xepp")
+    async with running_stack(spec, FLEET, PLAN, tmp_path) as stack:
+        assert set(stack.pids) == {"sim", "envoy", "epp1", "epp2"}
+        for _ in range(6):
+            await _check_one_completion(stack, "adapter-1")
+        served = []
+        async with aiohttp.ClientSession() as session:
+            for url in stack.epp_metrics_urls:
+                async with session.get(f"{url}/metrics") as reply:
+                    text = await reply.text()
+                served.append(
+                    sum(
+                        float(line.rsplit(" ", 1)[1])
+                        for line in text.splitlines()
+                        if line.startswith("inference_model_request_total{")
+                    )
+                )
+        assert len(served) == 2
+        assert sum(served) == 6
+        assert min(served) >= 2, served  # round robin over the replicas, give or take
+    _assert_all_stopped(stack)
+
+
+@needs_envoy
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize(("target", "model"), [("rr", "base/model"), ("epp", "adapter-1")])
 async def test_envoy_stack_serves_and_stops(target: str, model: str, tmp_path: Path) -> None:
     """rr (Envoy alone) and epp (Envoy + EPP) come up on a cold fleet, answer a completion

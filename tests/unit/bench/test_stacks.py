@@ -16,6 +16,7 @@ from endpoint_picker.bench.model import BenchError, WorkloadPlan
 from endpoint_picker.bench.stacks import (
     FleetOptions,
     StackSpec,
+    _envoy_config,
     find_envoy,
     parse_targets,
     pool_file,
@@ -78,6 +79,35 @@ def test_parse_targets_accepts(text: str, expected: list[StackSpec]) -> None:
     assert parse_targets(text) == expected
 
 
+def test_parse_targets_epp_replicas(config_file: Path) -> None:
+    """Nxepp[=PATH]: N EPP replicas behind one Envoy, named as written."""
+    plain, configured = parse_targets(f"2xepp,3xepp={config_file}")
+    assert plain == StackSpec("2xepp", "epp", replicas=2)
+    assert configured == StackSpec(
+        f"3xepp={config_file}", "epp", config_file=config_file.resolve(), replicas=3
+    )
+
+
+def test_envoy_config_balances_over_every_replica() -> None:
+    """The rendered Envoy config lists one ext_proc endpoint per replica, nothing else changed."""
+    one = yaml.safe_load(_envoy_config(StackSpec("epp", "epp"), [], 0, 8080, 9901, [9002]))
+    three_text = _envoy_config(StackSpec("3xepp", "epp", replicas=3), [], 0, 8080, 9901,
+                               [9002, 9012, 9022])  # fmt: skip
+    three = yaml.safe_load(three_text)
+    cluster = next(
+        c for c in three["static_resources"]["clusters"] if c["name"] == "endpoint_picker"
+    )
+    ports = [
+        e["endpoint"]["address"]["socket_address"]["port_value"]
+        for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    ]
+    assert ports == [9002, 9012, 9022]
+    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = cluster["load_assignment"][
+        "endpoints"
+    ][0]["lb_endpoints"][:1]
+    assert three == one
+
+
 def test_parse_targets_epp_config_file(config_file: Path) -> None:
     """epp=PATH keeps the entry as its name and resolves the config file."""
     (spec,) = parse_targets(f"epp={config_file}")
@@ -101,6 +131,9 @@ def test_parse_targets_epp_config_file(config_file: Path) -> None:
         ("vllm-router:kv_aware", "policy must be one of"),
         ("sglang-router:manual", "policy must be one of"),
         ("sglang-router:consistent_hash", "policy must be one of"),
+        ("0xepp", "1 to 8 replicas"),
+        ("9xepp", "1 to 8 replicas"),
+        ("2xrr", "unknown target"),
     ],
 )
 def test_parse_targets_refuses(text: str, message: str) -> None:
