@@ -140,13 +140,42 @@ def objective_table(summaries: Sequence[ModelSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tables(results: Sequence[TargetResult], objectives: dict[str, float]) -> str:
-    """The main table, and with objectives in the plan, the per-model one after it."""
+def tables(
+    results: Sequence[TargetResult],
+    objectives: dict[str, float],
+    criticality: dict[str, str] | None = None,
+) -> str:
+    """The main table; with objectives in the plan, the per-model one after it; with
+    criticality classes (``mixed-criticality``), a per-class one."""
     text = markdown_table([summarize(r) for r in results])
     if objectives:
         rows = [m for r in results for m in summarize_models(r, objectives)]
         text += "\nPer model (objective: P95 of e2e / output tokens):\n\n" + objective_table(rows)
+    if criticality:
+        rows = [m for r in results for m in summarize_models(r, objectives)]
+        text += "\nPer criticality class:\n\n" + criticality_table(rows, criticality)
     return text
+
+
+_CLASS_COLUMNS = (
+    "target", "rate", "model", "criticality", "ok/sent", "errors", "TTFT p50 (ms)",
+    "TTFT p90 (ms)", "e2e p90 (s)",
+)  # fmt: skip
+
+
+def criticality_table(summaries: Sequence[ModelSummary], criticality: dict[str, str]) -> str:
+    """A row per served name of each target and rate, with its criticality: who got through,
+    who was refused (429, 503), and how long the ones that got through waited."""
+    lines = ["| " + " | ".join(_CLASS_COLUMNS) + " |", "|" + "---|" * len(_CLASS_COLUMNS)]
+    for s in summaries:
+        errors = ", ".join(f"{k}: {v}" for k, v in s.errors.items()) or "-"
+        cells = (
+            s.target, f"{s.rate:g}", s.model or "-", criticality.get(s.model, "-"),
+            f"{s.completed}/{s.sent}", errors, _num(s.ttft_p50, 1e3, 0),
+            _num(s.ttft_p90, 1e3, 0), _num(s.e2e_p90, 1, 2),
+        )  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _num(value: float | None, scale: float, digits: int) -> str:
@@ -249,7 +278,7 @@ def _queues(figure: Figure, results: Sequence[TargetResult]) -> Figure:
 def render(directory: str | Path) -> str:
     """``epp bench report DIR``: print the table of ``DIR/results.json`` and redraw its plots."""
     results, meta = load_results(directory)
-    table = tables(results, dict(meta.get("objectives") or {}))
+    table = tables(results, dict(meta.get("objectives") or {}), dict(meta.get("criticality") or {}))
     print(table, end="")
     write_plots(directory, results)
     return table

@@ -89,6 +89,7 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
     results: list[TargetResult] = []
     plans: dict[str, Any] = {}
     objectives: dict[str, float] = {}
+    criticality: dict[str, str] = {}
     for rate in options.rates:
         plan = workloads.generate(
             options.workload,
@@ -101,6 +102,7 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
         )
         plans[f"{rate:g}"] = {"requests": len(plan.requests), "params": plan.params}
         objectives = plan.objectives
+        criticality = {name: str(c) for name, c in plan.criticality.items()}
         if options.url is not None:
             results.append(
                 await _measure("url", options.url, options.server_urls, plan, options, rate)
@@ -122,11 +124,12 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
         "arrival": options.arrival,
         "burstiness": options.burstiness,
         "objectives": objectives,
+        "criticality": criticality,
         "fleet": _fleet_meta(options.fleet),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     report.write_results(options.report_dir, results, meta)
-    print(report.tables(results, objectives))
+    print(report.tables(results, objectives, criticality))
     report.write_plots(options.report_dir, results)
     return results
 

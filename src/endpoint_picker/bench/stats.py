@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from endpoint_picker.bench.client import PREVIOUS_TURN_FAILED
 from endpoint_picker.bench.model import RequestRecord, TargetResult
@@ -149,6 +149,10 @@ class ModelSummary:
     tpot_p95: float | None
     per_token_p95: float | None
     met: float | None
+    errors: dict[str, int] = field(default_factory=dict)  # by kind, as ``Summary.errors``
+    ttft_p50: float | None = None
+    ttft_p90: float | None = None
+    e2e_p90: float | None = None
 
 
 def summarize_models(result: TargetResult, objectives: Mapping[str, float]) -> list[ModelSummary]:
@@ -177,6 +181,10 @@ def summarize_models(result: TargetResult, objectives: Mapping[str, float]) -> l
                 tpot_p95=percentile([t for r in ok if (t := r.tpot) is not None], 95),
                 per_token_p95=percentile(per_token, 95),
                 met=met,
+                errors=dict(sorted(Counter(error_kind(r) for r in records if not r.ok).items())),
+                ttft_p50=percentile([t for r in ok if (t := r.ttft) is not None], 50),
+                ttft_p90=percentile([t for r in ok if (t := r.ttft) is not None], 90),
+                e2e_p90=percentile([t for r in ok if (t := r.e2e) is not None], 90),
             )
         )
     return out

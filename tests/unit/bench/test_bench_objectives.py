@@ -87,3 +87,24 @@ async def test_the_client_records_each_requests_model() -> None:
     finally:
         await server.stop()
     assert rec.model == "m"
+
+
+def test_the_criticality_table_shows_each_class_and_its_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With criticality classes in the plan, a per-class table counts refusals by status and
+    the TTFT of what got through; render reads the classes back from the results."""
+    records = (
+        _with_model("critical", 0, e2e=2.0),
+        _with_model("sheddable", 1, e2e=None),  # a 503
+        _with_model("sheddable", 2, e2e=1.0),
+    )
+    results = [result(records, target="epp", rate=40.0)]
+    classes = {"critical": "Critical", "sheddable": "Sheddable"}
+    assert "Per criticality class" not in tables(results, {})
+    text = tables(results, {}, classes)
+    assert "| epp | 40 | critical | Critical | 1/1 | - | 100 | 100 | 2.00 |" in text
+    assert "| epp | 40 | sheddable | Sheddable | 1/2 | 503: 1 | 100 | 100 | 1.00 |" in text
+    write_results(tmp_path, results, {"criticality": classes})
+    render(tmp_path)
+    assert "| sheddable | Sheddable | 1/2 | 503: 1 |" in capsys.readouterr().out
