@@ -34,12 +34,24 @@ from endpoint_picker.extproc.tls import load_certificate, load_client_ca, self_s
 from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.scheduling import build_scheduling, load_config
-from endpoint_picker.settings import Settings
-from endpoint_picker.status import DecisionLog, MetricsServer, StatusView
+from endpoint_picker.settings import MetricsAuth, MetricsEndpointSettings, Settings
+from endpoint_picker.status import (
+    Authorizer,
+    CachedReviews,
+    DecisionLog,
+    MetricsServer,
+    ReloadingTls,
+    StaticTokens,
+    StatusView,
+)
 from endpoint_picker.telemetry.metrics import EppMetrics, PoolStats
 
 if TYPE_CHECKING:  # imported when used: only a Kubernetes deployment loads the client
-    from endpoint_picker.datastore.sources.kubernetes import KubernetesSource, LeaderElector
+    from endpoint_picker.datastore.sources.kubernetes import (
+        KubernetesAccessReviewer,
+        KubernetesSource,
+        LeaderElector,
+    )
 
 log = structlog.get_logger(__name__)
 
@@ -84,6 +96,8 @@ class App:
         self._source: PoolFileSource | None = None
         self._kubernetes: KubernetesSource | None = None
         self._elector: LeaderElector | None = None
+        self._access_reviewer: KubernetesAccessReviewer | None = None  # the same client
+        self._reviews: CachedReviews | None = None  # metrics-port auth through Kubernetes
         self._pool_synced = False  # Kubernetes: the first full sync is done and the pool exists
         self._leading = True  # Kubernetes HA: this replica holds the Lease (True without HA)
         if settings.pool.pool_file is not None:
@@ -108,6 +122,7 @@ class App:
 
     def _build_kubernetes_source(self, pool_name: str) -> KubernetesSource:
         from endpoint_picker.datastore.sources.kubernetes import (
+            KubernetesAccessReviewer,
             KubernetesSource,
             LeaderElector,
             build_client,
@@ -124,6 +139,10 @@ class App:
 
         k8s = self.settings.pool.kubernetes
         client = build_client(k8s)
+        # the metrics port's tokens are checked with the same client (when auth asks for it)
+        self._access_reviewer = KubernetesAccessReviewer(
+            client, self.settings.server.metrics_endpoint.review_timeout
+        )
         if k8s.leader_election:
             self._leading = False
             self._elector = LeaderElector(
@@ -135,6 +154,44 @@ class App:
                 leading,
             )
         return KubernetesSource(client, self.datastore, pool_name, k8s, readiness=synced)
+
+    def _build_metrics_access(self) -> tuple[Authorizer | None, ReloadingTls | None]:
+        """Who may read the metrics port, and its TLS; ``ConfigError`` for a bad file."""
+        endpoint = self.settings.server.metrics_endpoint
+        tls = None
+        if endpoint.cert_dir is not None:
+            tls = ReloadingTls(
+                endpoint.cert_dir,
+                endpoint.client_ca_file,
+                reload_interval=endpoint.cert_reload_interval,
+            )
+        elif endpoint.client_ca_file is not None:  # never plaintext when mTLS was asked for
+            raise ConfigError("--metrics-client-ca-file needs --metrics-cert-dir")
+        if endpoint.auth is MetricsAuth.TOKEN_FILE:
+            if endpoint.token_file is None:
+                raise ConfigError("token-file auth needs --metrics-token-file")
+            tokens = StaticTokens(endpoint.token_file)
+            tokens.load()
+            return tokens, tls
+        if endpoint.auth is MetricsAuth.KUBERNETES:
+            return self._kubernetes_reviews(endpoint), tls
+        return None, tls
+
+    def _kubernetes_reviews(self, endpoint: MetricsEndpointSettings) -> CachedReviews:
+        if self._access_reviewer is None:
+            raise ConfigError(
+                "--metrics-endpoint-auth checks tokens with the Kubernetes API: use the "
+                "Kubernetes source (--pool-name without --pool-file) or --metrics-token-file"
+            )
+        self._reviews = CachedReviews(
+            self._access_reviewer.review,
+            allow_ttl=endpoint.allow_ttl,
+            deny_ttl=endpoint.deny_ttl,
+            max_entries=endpoint.cache_entries,
+            max_concurrent=endpoint.max_concurrent_reviews,
+            clock=self._clock,
+        )
+        return self._reviews
 
     async def _update_kubernetes_ready(self) -> None:
         # synced and (without HA, or) leading; never ready again once draining
@@ -238,6 +295,7 @@ class App:
             if tls is None:  # never fall back to plaintext when mTLS was asked for
                 raise ConfigError("--client-ca-file needs --secure-serving true")
             client_ca = load_client_ca(server_settings.client_ca_file)
+        metrics_auth, metrics_tls = self._build_metrics_access()
         director = self._build_director()
         self.datastore.on_endpoints_changed(self._scraper.set_endpoints)
         if self._source is not None:
@@ -289,7 +347,12 @@ class App:
             flow=self.flow,
             clock=self._clock,
         )
-        self._metrics_server = MetricsServer(self.metrics.render, status)
+        self._metrics_server = MetricsServer(
+            self.metrics.render,
+            status,
+            auth=metrics_auth,
+            tls=metrics_tls.context if metrics_tls is not None else None,
+        )
         try:
             metrics_port = await self._metrics_server.start(host, server_settings.metrics_port)
         except OSError as exc:
@@ -297,6 +360,8 @@ class App:
                 f"cannot listen on {_format_address(host, server_settings.metrics_port)}: "
                 f"{exc.strerror}"
             ) from exc
+        if metrics_tls is not None:
+            self._spawn("metrics-tls-reload", metrics_tls.watch())
         if self.flow is not None:
             self._spawn("flow-control-dispatch", self.flow.run())
         if self._source is not None:
@@ -317,6 +382,8 @@ class App:
             metrics_port=metrics_port,
             tls=tls is not None,
             client_auth=client_ca is not None,
+            metrics_auth=self.settings.server.metrics_endpoint.auth.value,
+            metrics_tls=metrics_tls is not None,
         )
         return self.ports
 
@@ -364,4 +431,6 @@ class App:
         if self._metrics_server is not None:
             await self._metrics_server.stop()
             self._metrics_server = None
+        if self._reviews is not None:
+            await self._reviews.close()
         log.info("stopped")

@@ -21,6 +21,8 @@ from endpoint_picker.settings import (
     GROUP_V1ALPHA2,
     KubernetesSettings,
     LoggingSettings,
+    MetricsAuth,
+    MetricsEndpointSettings,
     PoolSettings,
     SchedulingSettings,
     ScrapeSettings,
@@ -126,6 +128,37 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics-port", type=PORT, default=d.server.metrics_port, help="Prometheus /metrics"
+    )
+    p.add_argument(
+        "--metrics-endpoint-auth",
+        type=BOOL,
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="BOOL",
+        help="requests to the metrics port (but /healthz, /readyz and the status page's own "
+        "files) need a bearer token the Kubernetes API allows to get the path (TokenReview, "
+        "SubjectAccessReview); default: on with the Kubernetes source, off with --pool-file",
+    )
+    p.add_argument(
+        "--metrics-token-file",
+        type=Path,
+        metavar="PATH",
+        help="metrics port: accept only the bearer tokens in this file (one per line), "
+        "instead of asking Kubernetes; re-read when it changes",
+    )
+    p.add_argument(
+        "--metrics-cert-dir",
+        type=Path,
+        metavar="DIR",
+        help="metrics port: HTTPS with DIR/tls.crt and DIR/tls.key, reloaded when they change",
+    )
+    p.add_argument(
+        "--metrics-client-ca-file",
+        type=Path,
+        metavar="PATH",
+        help="metrics port: mutual TLS; clients must present a certificate this CA bundle "
+        "signed (needs --metrics-cert-dir)",
     )
     p.add_argument(
         "--secure-serving",
@@ -311,6 +344,36 @@ def _metric_overrides(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     return overrides
 
 
+def _metrics_endpoint(args: argparse.Namespace) -> MetricsEndpointSettings:
+    """``--metrics-endpoint-auth`` and friends: the reference's default (on) where there is a
+    Kubernetes API to ask, off on a laptop with a pool file unless a token file is given."""
+    wanted = args.metrics_endpoint_auth  # None: not given
+    kubernetes = args.pool_file is None
+    if args.metrics_token_file is not None:
+        if wanted is False:
+            raise ConfigError(
+                "--metrics-token-file turns auth on: drop --metrics-endpoint-auth=false"
+            )
+        auth = MetricsAuth.TOKEN_FILE
+    elif not (kubernetes if wanted is None else wanted):
+        auth = MetricsAuth.OFF
+    elif not kubernetes:
+        raise ConfigError(
+            "--metrics-endpoint-auth with --pool-file needs --metrics-token-file PATH "
+            "(there is no Kubernetes API to check tokens with)"
+        )
+    else:
+        auth = MetricsAuth.KUBERNETES
+    if args.metrics_client_ca_file is not None and args.metrics_cert_dir is None:
+        raise ConfigError("--metrics-client-ca-file needs --metrics-cert-dir")
+    return MetricsEndpointSettings(
+        auth=auth,
+        token_file=args.metrics_token_file,
+        cert_dir=args.metrics_cert_dir,
+        client_ca_file=args.metrics_client_ca_file,
+    )
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     if args.pool_file is None and not args.pool_name:
         raise ConfigError("give --pool-file PATH, or --pool-name NAME to watch Kubernetes")
@@ -344,6 +407,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             extra_inference_paths=tuple(args.extra_inference_path),
             max_request_headers=args.max_request_headers,
             max_request_header_bytes=args.max_request_headers_kb * 1024,
+            metrics_endpoint=_metrics_endpoint(args),
         ),
         pool=PoolSettings(
             pool_file=args.pool_file,

@@ -7,6 +7,7 @@ gRPC statuses or exit codes, nothing below it does::
     ├── ConfigError                 bad flags, pool file or scheduler config (exit 2)
     ├── MetricsParseError           (metrics/) a /metrics page lacks what the engine needs
     ├── ScrapeError                 (metrics/) one scrape failed: timeout, status, size
+    ├── AccessReviewError           the metrics port cannot check a token now (503)
     └── RequestError                one request cannot be routed (an HTTP status)
         ├── BadRequestError         400: malformed JSON, missing fields
         ├── ModelNotFoundError      404: no InferenceModel serves the model
@@ -66,6 +67,12 @@ class ConfigError(EppError):
     def __init__(self, message: str, path: str = "") -> None:
         self.path = path
         super().__init__(f"{path}: {message}" if path else message)
+
+
+class AccessReviewError(EppError):
+    """A token to the metrics port cannot be checked now: the Kubernetes API is unreachable or
+    refuses the review, or the static token file is missing or empty. The port answers 503
+    (fail closed); nothing is cached, so the next request asks again."""
 
 
 class RequestError(EppError):

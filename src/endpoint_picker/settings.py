@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from endpoint_picker.errors import ConfigError
@@ -50,6 +51,34 @@ def parse_bool(text: str) -> bool:
     raise ConfigError(f"invalid boolean {text!r} (use true or false)")
 
 
+class MetricsAuth(StrEnum):
+    """Who may read the metrics port (``--metrics-endpoint-auth``, ``--metrics-token-file``)."""
+
+    OFF = "off"  # anyone who reaches it (the default with --pool-file)
+    TOKEN_FILE = "token-file"  # a bearer token listed in --metrics-token-file
+    KUBERNETES = "kubernetes"  # TokenReview + SubjectAccessReview (the default in Kubernetes)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsEndpointSettings:
+    """The metrics port's access control and TLS. Auth covers every path but the probes
+    (``/healthz``, ``/readyz``) and the status page's own files (``/``, ``/static/``), which
+    hold no data: the page fetches its data from ``/api/status`` with the token."""
+
+    auth: MetricsAuth = MetricsAuth.OFF
+    token_file: Path | None = None  # one token per line; re-read when it changes
+    # Kubernetes reviews: the API call's timeout, and how long answers are reused (the
+    # reference EPP keeps them 1 min authenticated, 5 min allowed, 30 s denied).
+    review_timeout: float = 5.0
+    allow_ttl: float = 60.0  # seconds a token allowed on a path stays allowed
+    deny_ttl: float = 10.0  # seconds a rejected (401) or forbidden (403) answer is reused
+    cache_entries: int = 1024  # (token, path) answers kept, least recently used dropped
+    max_concurrent_reviews: int = 16  # reviews in flight at once (distinct tokens or paths)
+    cert_dir: Path | None = None  # tls.crt and tls.key: HTTPS, reloaded when they change
+    client_ca_file: Path | None = None  # mutual TLS: clients need a certificate it signed
+    cert_reload_interval: float = 1.0  # seconds between looks at tls.crt and tls.key
+
+
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
     """Listening sockets and shutdown."""
@@ -80,6 +109,7 @@ class ServerSettings:
     # must be at least these (the shipped configs set 120 and 80 KiB).
     max_request_headers: int = 100
     max_request_header_bytes: int = 60 * 1024
+    metrics_endpoint: MetricsEndpointSettings = field(default_factory=MetricsEndpointSettings)
 
 
 GROUP_V1ALPHA2 = "inference.networking.x-k8s.io"  # InferencePool v1alpha2, InferenceModel

@@ -98,3 +98,21 @@ class EndpointState:
     @property
     def hostport(self) -> str:
         return self.endpoint.hostport
+
+
+@dataclass(frozen=True, slots=True)
+class AccessDecision:
+    """What an authorizer of the metrics port says of one request (a token and a path).
+
+    ``status`` is the HTTP answer: 200 allowed, 401 no or bad token, 403 a known user without
+    the permission. ``user`` names the token's owner when it is known (for logs, never the
+    token); ``reason`` is a short text for the client and the logs.
+    """
+
+    status: int
+    reason: str = ""
+    user: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.status == 200

@@ -42,6 +42,11 @@ def test_version() -> None:
             ["serve", "--pool-name", "p", "--kubeconfig", "/nonexistent/kubeconfig"],
             "cannot load Kubernetes credentials",
         ),
+        (["serve", "--pool-name", "p", "--metrics-endpoint-auth", "maybe"], "invalid boolean"),
+        (
+            ["serve", "--pool-file", "p.yaml", "--metrics-endpoint-auth"],
+            "needs --metrics-token-file",
+        ),
     ],
 )
 def test_bad_flags_one_line_exit_2(args: list[str], message: str) -> None:

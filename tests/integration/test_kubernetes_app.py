@@ -12,12 +12,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.extproc import Client, body, headers, json_body, lb_metadata
-from tests.support.kubeapi import FakeKubeApi, serve_kube_api, write_kubeconfig
+from tests.support.kubeapi import FakeKubeApi, serve_kube_api
+from tests.support.metrics_auth import kubernetes_settings
 from tests.support.model_servers import fake_model_servers
 from tests.support.pool import model, pod, pool
 
 from endpoint_picker.app import App
-from endpoint_picker.cli import build_parser, settings_from_args
 from endpoint_picker.settings import Settings
 
 pytestmark = pytest.mark.timeout(30)
@@ -28,30 +28,16 @@ SCRAPE_INTERVAL = 0.2  # the slack the issue allows after a deletion is served
 
 def settings_for(api: FakeKubeApi, tmp_path: Path) -> Settings:
     """What `epp serve --pool-name pool --kubeconfig ...` parses to, with quick reconnects."""
-    argv = [
-        "serve",
-        "--pool-name",
-        "pool",
+    settings = kubernetes_settings(
+        api,
+        tmp_path,
         "--pool-namespace",
         "default",
-        "--kubeconfig",
-        str(write_kubeconfig(tmp_path / "kubeconfig", api.url)),
-        "--bind-address",
-        "127.0.0.1",
-        "--grpc-port",
-        "0",
-        "--grpc-health-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--secure-serving",
-        "false",
         "--drain-timeout",
         "1s",
         "--refresh-metrics-interval",
         f"{int(SCRAPE_INTERVAL * 1000)}ms",
-    ]
-    settings = settings_from_args(build_parser().parse_args(argv))
+    )
     assert settings.pool.pool_file is None
     kubernetes = replace(settings.pool.kubernetes, backoff_initial=0.05, backoff_max=0.2)
     return replace(settings, pool=replace(settings.pool, kubernetes=kubernetes))

@@ -7,19 +7,27 @@ string expression.
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 import grpc
 from playwright.async_api import Page
 from tests.support.browser import chromium_page
 from tests.support.extproc import body, headers, json_body
+from tests.support.metrics_auth import DATA_PATHS, READERS, kubernetes_epp
 from tests.support.status import PROMPT_MARKER, StatusStack, status_stack
+
+from endpoint_picker.settings import MetricsAuth, MetricsEndpointSettings
 
 WAIT_MS = 5000
 
 
-async def open_page(page: Page, stack: StatusStack) -> None:
+async def open_page(page: Page, stack: StatusStack, url: str | None = None) -> None:
     """Load the page and wait for a second update: the page refreshes itself in place."""
-    await page.goto(f"{stack.base_url}/")
+    await page.goto(url or f"{stack.base_url}/")
+    await two_updates(page)
+
+
+async def two_updates(page: Page) -> None:
     updates = "seen => Number(document.body.dataset.updated) > seen"
     await page.wait_for_function(updates, arg=0, timeout=WAIT_MS)
     seen = int(await page.get_attribute("body", "data-updated") or 0)
@@ -132,3 +140,89 @@ async def test_page_follows_endpoints_that_come_and_go_without_reloading(tmp_pat
             )
             assert await page.text_content("#sum-stale") == "1"
             await page.screenshot(path=tmp_path / "status-page-changed.png", full_page=True)
+
+
+# -- with a token required (--metrics-endpoint-auth, --metrics-token-file) ----------------------
+
+TOKEN = "operator-token.with+symbols/="
+
+
+def token_file_auth(tmp_path: Path) -> MetricsEndpointSettings:
+    tokens = tmp_path / "metrics-token"
+    tokens.write_text(f"{TOKEN}\n")
+    return MetricsEndpointSettings(auth=MetricsAuth.TOKEN_FILE, token_file=tokens)
+
+
+async def test_page_takes_the_token_from_the_address_as_the_readme_says(tmp_path: Path) -> None:
+    """Opened as http://localhost:9090/#token=TOKEN (README, "Status page"), the page sends the
+    token as a bearer token with its fetches and updates as usual; the token leaves the address
+    bar at once (the fragment never reaches the server), and a reload of the tab keeps working
+    (sessionStorage)."""
+    async with status_stack(tmp_path, metrics_endpoint=token_file_auth(tmp_path)) as stack:
+        stack.token = TOKEN
+        await stack.wait_scraped(2)
+        await stack.complete("food-review")
+        async with chromium_page(tmp_path / "chromium") as page:
+            await open_page(page, stack, f"{stack.base_url}/#token={quote(TOKEN, safe='')}")
+            assert page.url == f"{stack.base_url}/"
+            assert await page.text_content("#pool-name") == "default/pool"
+            assert await page.text_content("#sum-endpoints") == "3"
+            assert await page.is_hidden("#auth")
+            assert len(await row_texts(page, "decisions")) == 1
+            await page.reload()
+            await two_updates(page)
+            assert await page.get_attribute("body", "data-state") == "ok"
+            await page.screenshot(path=tmp_path / "status-page-token.png", full_page=True)
+
+
+async def test_page_without_a_token_asks_for_one_and_says_when_it_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Opened without a token the page shows the token form (the 401 it got is the only error
+    in the console), says so when a wrong token is pasted, and shows the pool once the right
+    one is; the form then hides."""
+    async with (
+        status_stack(tmp_path, metrics_endpoint=token_file_auth(tmp_path)) as stack,
+        chromium_page(tmp_path / "chromium", expected=("status of 401",)) as page,
+    ):
+        await page.goto(f"{stack.base_url}/")
+        await page.wait_for_selector("#auth", state="visible", timeout=WAIT_MS)
+        assert await page.get_attribute("body", "data-state") == "unauthorized"
+        assert "bearer token" in (await page.text_content("#auth-message") or "")
+        assert await page.get_attribute("body", "data-updated") == "0"
+        await page.screenshot(path=tmp_path / "status-page-sign-in.png", full_page=True)
+
+        await page.fill("#token-input", "not-the-token")
+        await page.click("#auth button")
+        await page.wait_for_function(
+            "() => document.getElementById('auth-message').textContent"
+            ".includes('not accepted (401)')",
+            timeout=WAIT_MS,
+        )
+        await page.fill("#token-input", TOKEN)
+        await page.click("#auth button")
+        await two_updates(page)
+        assert await page.is_hidden("#auth")
+        assert await page.text_content("#pool-name") == "default/pool"
+
+
+async def test_page_with_a_kubernetes_token_403_then_one_the_rbac_allows(tmp_path: Path) -> None:
+    """Kubernetes mode, as an operator does it: a token of a ServiceAccount without the
+    metrics-reader role gets the form saying 403 and why; a new #token= pasted into the same
+    tab (no reload) for a ServiceAccount bound to the role shows the status."""
+    async with kubernetes_epp(tmp_path, address="127.0.8.19") as (api, base):
+        api.add_token("t-dev", "system:serviceaccount:default:dev")
+        api.add_token("t-reader", "system:serviceaccount:default:reader", (READERS,))
+        api.grant(READERS, *DATA_PATHS)
+        async with chromium_page(tmp_path / "chromium", expected=("status of 403",)) as page:
+            await page.goto(f"{base}/#token=t-dev")
+            await page.wait_for_selector("#auth", state="visible", timeout=WAIT_MS)
+            message = await page.text_content("#auth-message") or ""
+            assert "not accepted (403)" in message
+            assert "dev may not get /api/status" in message
+            assert await page.get_attribute("body", "data-state") == "forbidden"
+            await page.evaluate("location.hash = 'token=t-reader'")
+            await two_updates(page)
+            assert await page.text_content("#pool-name") == "default/pool"
+            assert await page.is_hidden("#auth")
+            assert page.url == f"{base}/"

@@ -39,12 +39,14 @@ def chromium_path() -> Path:
 
 
 @contextlib.asynccontextmanager
-async def chromium_page(profile_dir: Path) -> AsyncIterator[Page]:
-    """A fresh page (own profile in ``profile_dir``); JavaScript errors fail the test."""
+async def chromium_page(profile_dir: Path, expected: tuple[str, ...] = ()) -> AsyncIterator[Page]:
+    """A fresh page (own profile in ``profile_dir``); JavaScript errors fail the test, except
+    console errors containing one of ``expected`` (Chromium logs every HTTP error a fetch
+    gets, such as the 401 a page without a token is meant to receive)."""
     errors: list[str] = []
 
     def on_console(message: ConsoleMessage) -> None:
-        if message.type == "error":
+        if message.type == "error" and not any(text in message.text for text in expected):
             errors.append(f"console: {message.text}")
 
     async with async_playwright() as playwright:

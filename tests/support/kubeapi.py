@@ -8,6 +8,13 @@ and answers a version older than the compaction point with an ERROR event holdin
 Only ``fieldSelector=metadata.name=X`` is understood (all the EPP uses). Tests mutate objects
 with ``put``/``delete`` and inject faults with ``expire`` (410 mid-watch) and ``drop`` (the
 connection cut mid-stream).
+
+It also reviews bearer tokens, as the metrics port asks it to: ``TokenReview``
+(``authentication.k8s.io/v1``) knows the tokens tests register with ``add_token`` and
+``SubjectAccessReview`` (``authorization.k8s.io/v1``) allows ``get`` on the non-resource paths
+granted to a user or one of its groups with ``grant``. Each review is counted (``reviews``,
+``reviewed``); ``reviews_down`` cuts review connections (an API server that is unreachable),
+``review_status`` answers them with an error status, ``review_delay`` slows them.
 """
 
 from __future__ import annotations
@@ -82,6 +89,13 @@ class FakeKubeApi:
         }
         self.url = ""
         self.failing_lists = 0  # the next this many lists answer 500 (an API server in trouble)
+        # token reviews
+        self.tokens: dict[str, dict[str, Any]] = {}  # token -> UserInfo
+        self.grants: set[tuple[str, str]] = set()  # (user or group, non-resource path): get
+        self.reviewed: list[dict[str, Any]] = []  # every review's spec, in order
+        self.reviews_down = False  # cut every review connection (unreachable)
+        self.review_status = 0  # answer reviews with this error status (e.g. 403: no RBAC)
+        self.review_delay = 0.0  # seconds each review takes
 
     # -- controls ------------------------------------------------------------------------------
 
@@ -120,6 +134,23 @@ class FakeKubeApi:
         """Cut every open watch connection mid-stream (no final chunk)."""
         for watch in self.watches:
             watch.queue.put_nowait(_DROP)
+
+    def add_token(self, token: str, user: str, groups: tuple[str, ...] = ()) -> None:
+        """A token the TokenReview accepts, for ``user`` in ``groups``."""
+        self.tokens[token] = {
+            "username": user,
+            "uid": f"uid-{user}",
+            "groups": [*groups, "system:authenticated"],
+        }
+
+    def grant(self, subject: str, *paths: str) -> None:
+        """Let a user or group ``get`` these non-resource URLs (a ClusterRole's nonResourceURLs)."""
+        self.grants.update((subject, path) for path in paths)
+
+    @property
+    def reviews(self) -> int:
+        """API calls made to review tokens (TokenReviews and SubjectAccessReviews)."""
+        return len(self.reviewed)
 
     def count(self, entry: str) -> int:
         return sum(1 for line in self.log if line.startswith(entry))
@@ -178,6 +209,48 @@ class FakeKubeApi:
         obj.setdefault("apiVersion", key[0])
         self.put(obj)
         return _json(self.objects[key][ident], status=201)
+
+    async def _review_request(self, request: web.Request) -> dict[str, Any] | None:
+        """The review's body, or None when the double plays an unreachable server."""
+        obj: dict[str, Any] = await request.json()
+        self.reviewed.append({"kind": obj.get("kind"), **obj.get("spec", {})})
+        if self.review_delay:
+            await asyncio.sleep(self.review_delay)
+        if self.reviews_down:
+            if request.transport is not None:
+                request.transport.abort()
+            return None
+        return obj
+
+    async def handle_token_review(self, request: web.Request) -> web.StreamResponse:
+        obj = await self._review_request(request)
+        if obj is None:
+            return web.Response(status=500)  # never sent: the connection is gone
+        if self.review_status:
+            reason = "Forbidden" if self.review_status == 403 else "InternalError"
+            return _json(_status(self.review_status, reason, "review refused"), self.review_status)
+        user = self.tokens.get(obj["spec"]["token"])
+        status: dict[str, Any] = (
+            {"authenticated": True, "user": user, "audiences": ["https://kubernetes.default.svc"]}
+            if user is not None
+            else {"authenticated": False, "error": "invalid bearer token"}
+        )
+        return _json({**obj, "status": status}, status=201)
+
+    async def handle_access_review(self, request: web.Request) -> web.StreamResponse:
+        obj = await self._review_request(request)
+        if obj is None:
+            return web.Response(status=500)
+        if self.review_status:
+            return _json(_status(self.review_status, "Forbidden", "review refused"), 403)
+        spec = obj["spec"]
+        attributes = spec.get("nonResourceAttributes") or {}
+        subjects = {spec.get("user"), *(spec.get("groups") or [])}
+        allowed = attributes.get("verb") == "get" and any(
+            (subject, attributes.get("path")) in self.grants for subject in subjects
+        )
+        status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "no rule"}
+        return _json({**obj, "status": status}, status=201)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         parts = request.match_info
@@ -273,6 +346,10 @@ async def serve_kube_api(address: str = "127.0.0.9") -> AsyncIterator[FakeKubeAp
     app.router.add_post(collection, api.handle_create)
     app.router.add_get(collection + "/{name}", api.handle_object)
     app.router.add_put(collection + "/{name}", api.handle_object)
+    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", api.handle_token_review)
+    app.router.add_post(
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews", api.handle_access_review
+    )
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
     await runner.setup()
     port = free_port(address)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from endpoint_picker.app import App
+from endpoint_picker.settings import MetricsEndpointSettings
 from tests.support import extproc
 from tests.support.model_servers import FakeModelServer, fake_model_servers, vllm_metrics
 from tests.support.pool import model, pod, pool, pool_yaml
@@ -37,6 +38,7 @@ class StatusStack:
     client: extproc.Client
     servers: list[FakeModelServer]
     pool_file: Path
+    token: str | None = None  # sent as a bearer token by ``status()``
 
     @property
     def base_url(self) -> str:
@@ -45,7 +47,10 @@ class StatusStack:
     async def status(self) -> dict[str, Any]:
         async with (
             aiohttp.ClientSession() as session,
-            session.get(f"{self.base_url}/api/status") as reply,
+            session.get(
+                f"{self.base_url}/api/status",
+                headers={"Authorization": f"Bearer {self.token}"} if self.token else {},
+            ) as reply,
         ):
             assert reply.status == 200
             result: dict[str, Any] = await reply.json()
@@ -77,14 +82,20 @@ class StatusStack:
 
 
 @contextlib.asynccontextmanager
-async def status_stack(tmp_path: Path, serving: int = 3) -> AsyncIterator[StatusStack]:
+async def status_stack(
+    tmp_path: Path, serving: int = 3, metrics_endpoint: MetricsEndpointSettings | None = None
+) -> AsyncIterator[StatusStack]:
     """An EPP scraping three fake vLLM servers (distinct queues, one answering 500, so its
-    metrics never arrive), its pool the first ``serving`` of them."""
+    metrics never arrive), its pool the first ``serving`` of them; ``metrics_endpoint``: the
+    metrics port's auth and TLS (default: open)."""
     async with fake_model_servers(ADDRESSES) as servers:
         servers[0].metrics_text = vllm_metrics(waiting=2, running=3, kv=0.42, active=["food-v1"])
         servers[1].metrics_text = vllm_metrics(waiting=0, running=2, kv=0.1, active=["food-v2"])
         servers[2].metrics_status = 500
         settings = extproc.make_settings(tmp_path, pool_text(servers[:serving]), scraping=True)
+        if metrics_endpoint is not None:
+            server = replace(settings.server, metrics_endpoint=metrics_endpoint)
+            settings = replace(settings, server=server)
         async with extproc.running_app(settings) as (app, client):
             assert settings.pool.pool_file is not None
             yield StatusStack(app, client, servers, settings.pool.pool_file)

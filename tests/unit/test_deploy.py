@@ -1,6 +1,7 @@
 """The deployment artefacts: the kustomize base renders and validates, the CRDs hold the
-examples, the Deployment's arguments parse, the Envoy Gateway wiring agrees with the EPP and the
-other files, the Dockerfile runs as non-root without build tools."""
+examples, the Deployment's arguments parse, the metrics port's RBAC and the ServiceMonitor agree
+with the server, the Envoy Gateway wiring agrees with the EPP and the other files, the
+Dockerfile runs as non-root without build tools."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from endpoint_picker.cli import build_parser, settings_from_args
 from endpoint_picker.extproc import stream, wire
 from endpoint_picker.requests import INFERENCE_PATHS, MODELS_PATH
-from endpoint_picker.settings import Settings
+from endpoint_picker.settings import MetricsAuth, Settings
+from endpoint_picker.status.server import OPEN_PATHS, OPEN_PREFIX, MetricsServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,7 +37,8 @@ def load_all(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, dict[str, Any]]:
+def rendered_all() -> list[dict[str, Any]]:
+    """Every object `kubectl kustomize deploy/kubernetes` renders."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed")
@@ -45,7 +49,18 @@ def rendered() -> dict[str, dict[str, Any]]:
         timeout=30,
         check=True,
     ).stdout
-    return {d["kind"]: d for d in yaml.safe_load_all(out) if d}
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered(rendered_all: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The rendered objects by kind (of the kinds with several objects, the last)."""
+    return {d["kind"]: d for d in rendered_all}
+
+
+def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return obj
 
 
 def crd_schema(group: str, plural: str, version: str) -> dict[str, Any]:
@@ -61,18 +76,28 @@ def crd_schema(group: str, plural: str, version: str) -> dict[str, Any]:
     raise AssertionError(f"no CRD for {plural}.{group}/{version}")
 
 
-def test_kustomize_base_renders_the_expected_objects(rendered: dict[str, dict[str, Any]]) -> None:
-    """kubectl kustomize deploy/kubernetes gives exactly the EPP's five objects."""
-    assert set(rendered) == {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"}
+def test_kustomize_base_renders_the_expected_objects(rendered_all: list[dict[str, Any]]) -> None:
+    """kubectl kustomize deploy/kubernetes gives exactly the EPP's objects: its five, and the
+    metrics port's two ClusterRoles and one ClusterRoleBinding."""
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in rendered_all) == [
+        ("ClusterRole", "endpoint-picker-metrics-auth"),
+        ("ClusterRole", "endpoint-picker-metrics-reader"),
+        ("ClusterRoleBinding", "endpoint-picker-metrics-auth"),
+        ("Deployment", "endpoint-picker"),
+        ("Role", "endpoint-picker"),
+        ("RoleBinding", "endpoint-picker"),
+        ("Service", "endpoint-picker"),
+        ("ServiceAccount", "endpoint-picker"),
+    ]
 
 
 def test_rendered_objects_and_crds_validate_against_kubernetes_schemas(
-    rendered: dict[str, dict[str, Any]],
+    rendered_all: list[dict[str, Any]],
 ) -> None:
     """Every rendered object and every CRD passes Kubernetes' own schemas (strict)."""
     crds = [d for p in sorted((DEPLOY / "crds").glob("*_*.yaml")) for d in load_all(p)]
     assert len(crds) == 4
-    for obj in [*rendered.values(), *crds]:
+    for obj in [*rendered_all, *crds]:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
@@ -107,6 +132,59 @@ def test_deployment_args_parse_into_kubernetes_settings(
     assert settings.pool.pool_file is None
     assert settings.pool.pool_name == "vllm-llama3-8b"
     assert settings.pool.kubernetes.namespace == "serving"
+    assert settings.server.metrics_endpoint.auth is MetricsAuth.KUBERNETES
+
+
+def test_metrics_auth_rbac_lets_the_epp_review_tokens_and_nothing_more(
+    rendered_all: list[dict[str, Any]],
+) -> None:
+    """The EPP's ServiceAccount may create tokenreviews and subjectaccessreviews (cluster-wide
+    kinds: a ClusterRole and ClusterRoleBinding), nothing else; the binding follows the
+    ServiceAccount into the overlay's namespace."""
+    role = named(rendered_all, "ClusterRole", "endpoint-picker-metrics-auth")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+        {
+            "apiGroups": ["authorization.k8s.io"],
+            "resources": ["subjectaccessreviews"],
+            "verbs": ["create"],
+        },
+    ]
+    binding = named(rendered_all, "ClusterRoleBinding", "endpoint-picker-metrics-auth")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "endpoint-picker-metrics-auth",
+    }
+    account = named(rendered_all, "ServiceAccount", "endpoint-picker")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": "default"}
+    ]
+    overlay = kustomize_overlay("namespace: serving\n")
+    (subject,) = named(overlay, "ClusterRoleBinding", "endpoint-picker-metrics-auth")["subjects"]
+    assert subject["namespace"] == "serving"
+
+
+def test_metrics_reader_role_grants_get_on_every_guarded_path_of_the_port() -> None:
+    """endpoint-picker-metrics-reader allows `get` on exactly the metrics port's routes that
+    need a token (the server's routes but the open probes and page files): what Prometheus and
+    the status page read, so a new route cannot be forgotten here."""
+    (role,) = [
+        d
+        for d in load_all(DEPLOY / "kubernetes" / "metrics-auth.yaml")
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "endpoint-picker-metrics-reader"
+    ]
+    (rule,) = role["rules"]
+    assert rule["verbs"] == ["get"]
+    server = MetricsServer(lambda: b"", None)  # type: ignore[arg-type]  # routes only
+    routes = {r.resource.canonical for r in server.application().router.routes() if r.resource}
+    guarded = {r for r in routes if r not in OPEN_PATHS and not r.startswith(OPEN_PREFIX)}
+    assert guarded == {"/metrics", "/api/status"}
+    assert set(rule["nonResourceURLs"]) == guarded
 
 
 def test_rbac_is_namespaced_and_read_only(rendered: dict[str, dict[str, Any]]) -> None:
@@ -163,6 +241,63 @@ def test_ha_component_adds_two_replicas_leader_election_and_lease_rbac(tmp_path:
             "verbs": ["get", "create", "update"],
         }
     ]
+
+
+def kustomize_overlay(extra: str, components: str = "") -> list[dict[str, Any]]:
+    """Render an overlay of deploy/kubernetes (``extra``: more kustomization lines)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    with tempfile.TemporaryDirectory() as folder:
+        base = os.path.relpath(DEPLOY / "kubernetes", folder)
+        (Path(folder) / "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            f"resources: [{base}]\n{extra}"
+        )
+        out = subprocess.run(
+            [kubectl, "kustomize", folder], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_service_monitor_example_scrapes_the_service_with_a_reader_token(
+    rendered_all: list[dict[str, Any]],
+) -> None:
+    """deploy/examples/kubernetes/servicemonitor.yaml: its ServiceAccount, token Secret and
+    ClusterRoleBinding pass Kubernetes' schemas; the binding gives that ServiceAccount the
+    base's metrics-reader role; the ServiceMonitor selects the base's Service by its labels,
+    scrapes a port the Service names at /metrics, and sends the Secret's token as a bearer
+    token; the PodMonitor sends the same token."""
+    docs = load_all(DEPLOY / "examples" / "kubernetes" / "servicemonitor.yaml")
+    for doc in docs:
+        if doc["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    account = named(docs, "ServiceAccount", "endpoint-picker-metrics-scraper")
+    (secret,) = [d for d in docs if d["kind"] == "Secret"]
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    annotation = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert annotation == account["metadata"]["name"]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    reader = named(rendered_all, "ClusterRole", "endpoint-picker-metrics-reader")
+    assert binding["roleRef"]["name"] == reader["metadata"]["name"]
+    assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [
+        ("ServiceAccount", account["metadata"]["name"])
+    ]
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    service = named(rendered_all, "Service", "endpoint-picker")
+    labels = service["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    bearer = {
+        "type": "Bearer",
+        "credentials": {"name": secret["metadata"]["name"], "key": "token"},
+    }
+    assert endpoint["authorization"] == bearer
+    (pod_monitor,) = load_all(DEPLOY / "examples" / "kubernetes" / "podmonitor.yaml")
+    (pod_endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]
+    assert pod_endpoint["authorization"] == bearer
 
 
 def _example_objects() -> list[dict[str, Any]]:

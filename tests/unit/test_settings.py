@@ -6,7 +6,7 @@ import pytest
 
 from endpoint_picker.cli import build_parser, settings_from_args
 from endpoint_picker.errors import ConfigError
-from endpoint_picker.settings import parse_bool, parse_duration
+from endpoint_picker.settings import MetricsAuth, parse_bool, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -46,3 +46,59 @@ def test_pool_file_settle_time_flag(flags: list[str], seconds: float) -> None:
     """--pool-file-settle-time reaches PoolSettings; half a second by default."""
     args = build_parser().parse_args(["serve", "--pool-file", "pool.yaml", *flags])
     assert settings_from_args(args).pool.reload_settle_time == seconds
+
+
+KUBERNETES = ["serve", "--pool-name", "pool"]
+POOL_FILE = ["serve", "--pool-file", "pool.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "auth"),
+    [
+        (KUBERNETES, MetricsAuth.KUBERNETES),  # the reference's default: on
+        ([*KUBERNETES, "--metrics-endpoint-auth"], MetricsAuth.KUBERNETES),  # Go's bare bool
+        ([*KUBERNETES, "--metrics-endpoint-auth=true"], MetricsAuth.KUBERNETES),
+        ([*KUBERNETES, "--metrics-endpoint-auth=false"], MetricsAuth.OFF),
+        ([*KUBERNETES, "--metrics-endpoint-auth", "false"], MetricsAuth.OFF),
+        ([*KUBERNETES, "--metrics-token-file", "t"], MetricsAuth.TOKEN_FILE),
+        (POOL_FILE, MetricsAuth.OFF),  # the laptop path stays open
+        ([*POOL_FILE, "--metrics-endpoint-auth=false"], MetricsAuth.OFF),
+        ([*POOL_FILE, "--metrics-token-file", "t"], MetricsAuth.TOKEN_FILE),
+        (
+            [*POOL_FILE, "--metrics-token-file", "t", "--metrics-endpoint-auth"],
+            MetricsAuth.TOKEN_FILE,
+        ),
+    ],
+)
+def test_metrics_endpoint_auth_defaults_to_on_only_with_kubernetes(
+    argv: list[str], auth: MetricsAuth
+) -> None:
+    """--metrics-endpoint-auth: on by default with the Kubernetes source, off with a pool file;
+    true/false in both Go spellings, bare means true; a token file selects static tokens."""
+    settings = settings_from_args(build_parser().parse_args(argv))
+    assert settings.server.metrics_endpoint.auth is auth
+
+
+def test_metrics_tls_flags_reach_the_settings() -> None:
+    """--metrics-cert-dir and --metrics-client-ca-file are kept as given."""
+    argv = [*POOL_FILE, "--metrics-cert-dir", "certs", "--metrics-client-ca-file", "ca.crt"]
+    endpoint = settings_from_args(build_parser().parse_args(argv)).server.metrics_endpoint
+    assert (str(endpoint.cert_dir), str(endpoint.client_ca_file)) == ("certs", "ca.crt")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([*POOL_FILE, "--metrics-endpoint-auth"], "needs --metrics-token-file"),
+        (
+            [*KUBERNETES, "--metrics-token-file", "t", "--metrics-endpoint-auth=false"],
+            "drop --metrics-endpoint-auth=false",
+        ),
+        ([*POOL_FILE, "--metrics-client-ca-file", "ca.crt"], "needs --metrics-cert-dir"),
+    ],
+)
+def test_contradictory_metrics_flags_are_refused(argv: list[str], message: str) -> None:
+    """Auth asked for with nothing to check tokens with, a token file with auth off, or mutual
+    TLS without TLS: a configuration error, never a port more open than asked."""
+    with pytest.raises(ConfigError, match=message):
+        settings_from_args(build_parser().parse_args(argv))

@@ -354,6 +354,8 @@ async def test_backoff_grows_while_failing_and_starts_over_after_progress(tmp_pa
             assert len(delays) == 3
             for n, delay in enumerate(delays):
                 assert 0.02 * 2**n <= delay <= 0.04 * 2**n
+            # "connected" is set as the watch is sent: cut it once the server holds it
+            await eventually(lambda: bool(api.watches))
             api.drop()
             await eventually(lambda: len(delays) == 4)
             assert delays[3] <= 0.04

@@ -245,17 +245,100 @@
     document.body.dataset.state = "disconnected";
   }
 
-  async function poll() {
+  // -- the token: with --metrics-endpoint-auth the page's fetches carry a bearer token ---------
+  // It comes from the address (http://localhost:9090/#token=...: a fragment never reaches a
+  // server, a proxy log or a Referer) or from the form shown on a 401 or 403; it is kept in
+  // sessionStorage (this tab and this origin only, gone when the tab closes) and removed from
+  // the address bar at once, so it stays out of the history and of screenshots.
+  const TOKEN_KEY = "endpoint-picker-token";
+  let storedToken = readToken();
+  let pending = null; // the next poll, while one is scheduled
+
+  function storeToken(token) {
     try {
-      const response = await fetch("api/status", { cache: "no-store" });
+      if (token) sessionStorage.setItem(TOKEN_KEY, token);
+      else sessionStorage.removeItem(TOKEN_KEY);
+    } catch (_) {
+      // storage disabled: the token lasts until the page is reloaded
+    }
+    storedToken = token;
+  }
+  function readToken() {
+    try {
+      return sessionStorage.getItem(TOKEN_KEY);
+    } catch (_) {
+      return null;
+    }
+  }
+
+  function takeTokenFromAddress() {
+    // not URLSearchParams: it would read a "+" in a token as a space
+    const match = /(?:^|&)token=([^&]*)/.exec(location.hash.slice(1));
+    if (!match) return false;
+    let token = match[1];
+    try {
+      token = decodeURIComponent(token);
+    } catch (_) {
+      // not percent-encoded after all: taken as written
+    }
+    storeToken(token.trim());
+    history.replaceState(null, "", location.pathname + location.search);
+    return true;
+  }
+
+  function showSignIn(status, message) {
+    const form = $("auth");
+    const why = storedToken
+      ? `The token was not accepted (${status}): ${message}`
+      : "This endpoint picker shows its status only to a bearer token allowed to read it.";
+    setText($("auth-message"), why);
+    const updated = $("updated");
+    setText(updated, status === 403 ? "this token may not read the status (403)" : "token needed (401)");
+    updated.className = "bad-text";
+    if (form.hidden) {
+      form.hidden = false;
+      $("token-input").focus();
+    }
+    document.body.dataset.state = status === 403 ? "forbidden" : "unauthorized";
+  }
+
+  $("auth").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = $("token-input");
+    storeToken(input.value.trim());
+    input.value = "";
+    $("auth").hidden = true;
+    schedule(0);
+  });
+
+  async function poll() {
+    pending = null;
+    try {
+      const headers = storedToken ? { Authorization: `Bearer ${storedToken}` } : {};
+      const response = await fetch("api/status", { cache: "no-store", headers });
+      if (response.status === 401 || response.status === 403) {
+        const answer = await response.json().catch(() => ({}));
+        showSignIn(response.status, (answer.error && answer.error.message) || response.statusText);
+        return;
+      }
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      $("auth").hidden = true;
       render(await response.json());
     } catch (error) {
       showDisconnected(error.message || String(error));
     } finally {
-      setTimeout(poll, INTERVAL_MS);
+      schedule(INTERVAL_MS);
     }
   }
 
+  function schedule(delay) {
+    if (pending !== null) clearTimeout(pending);
+    pending = setTimeout(poll, delay);
+  }
+
+  window.addEventListener("hashchange", () => {
+    if (takeTokenFromAddress()) schedule(0); // a new #token= pasted into an open tab
+  });
+  takeTokenFromAddress();
   poll();
 })();
