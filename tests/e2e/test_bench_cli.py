@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -74,3 +76,49 @@ def test_bench_without_a_target_is_a_usage_error() -> None:
     )
     assert done.returncode == 2
     assert "one of the arguments --stack --url is required" in done.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_run_and_every_process_it_started(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGTERM or SIGINT mid-run (also from a background shell, where SIGINT starts ignored):
+    the command exits at once with 143 and leaves no simulator or Envoy behind."""
+    command = [
+        sys.executable, "-m", "endpoint_picker", "bench", "run", "--workload", "shared-prefix",
+        "--param", "groups=2", "--param", "prompt_tokens=100", "--stack", "rr", "--rate", "2",
+        "--duration", "60", "--servers", "1", "--report", str(tmp_path / "r"), "--no-progress",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `cmd &` does
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(_children(proc.pid)) < 2:  # the simulator and Envoy
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the stack never started"
+            time.sleep(0.2)
+        started = _children(proc.pid)
+        time.sleep(1.0)  # requests flowing
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "stopped by a signal" in stderr
+    for child in started:
+        assert (
+            not Path(f"/proc/{child}").exists()
+            or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
+        ), f"child {child} still running"

@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 _EXTRA_MODULES = ("tqdm", "matplotlib")
@@ -163,9 +164,30 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         progress=not args.no_progress,
         warmup=args.warmup,
     )
-    asyncio.run(run(options, argv))
+    try:
+        asyncio.run(_stoppable(run(options, argv)))
+    except asyncio.CancelledError:
+        print(
+            "epp bench: stopped by a signal; every process it started was stopped", file=sys.stderr
+        )
+        return 128 + signal.SIGTERM
+
     print(f"report: {report_dir}", file=sys.stderr)
     return 0
+
+
+async def _stoppable(work: Coroutine[Any, Any, object]) -> None:
+    """Run ``work``; SIGTERM (and SIGINT, also when a background shell ignores it) cancels it,
+    so the stacks it started are stopped rather than orphaned."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
