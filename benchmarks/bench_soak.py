@@ -47,12 +47,13 @@ tasks 10, running requests 5, streams 5, buffered 64 KiB. ``flat`` when ``G <= B
 (noise > budget)`` when ``2 SE > B`` too: a weak statement, run longer); ``GROWING`` when even
 ``G - 2 SE > B`` (a trend the noise does not explain); otherwise ``inconclusive`` (a run too
 short for its noise: the in-flight gauges follow the Poisson load). The running requests,
-streams and buffered bytes must also read 0 in the sample after the load. CPU is shown, not
+streams and buffered bytes must also read 0 in the sample after the load, and the event-loop
+tasks at most 2 above their count before it (the idle EPP). CPU is shown, not
 judged (this host's speed drifts by tens of percent over minutes).
 
-Exit status: 0 when every judged series is flat or inconclusive and the gauges returned to 0;
-1 when one grows or stays above 0; 2 when the stack cannot start or a process of it dies
-(every process it started is stopped either way).
+Exit status: 0 when every judged series is flat or inconclusive and everything returned to
+idle; 1 when one grows or did not return; 2 when the stack cannot start or a process of it dies;
+143 when SIGTERM or SIGINT stopped it (every process it started is stopped in every case).
 """
 
 from __future__ import annotations
@@ -65,12 +66,13 @@ import math
 import os
 import random
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,7 @@ AFTER_LOAD = 15.0  # seconds between the last request's end and the final sample
 LAG_SHARE, LAG_FLOOR = 0.05, 0.002  # the schedule: mean send lag vs the mean gap
 STEP_LATE_LIMIT = 0.05  # the fleet's clock: late / planned step time
 OK_SHARE = 0.99
+DEFAULT_RAMP = "20,40,60,80,100,125,150,175,200,250,300,350,400,450,500,600,700,800"
 _TICK = os.sysconf("SC_CLK_TCK")
 KINDS = ("stream", "plain", "vanish-after-first-chunk", "vanish-before-headers")
 
@@ -535,6 +538,8 @@ async def find_max(args: argparse.Namespace, out: Path) -> tuple[float, list[dic
             if problems:
                 break
             best = rate
+        else:
+            print(f"find-max: every step passed: the maximum is above {best:g}; extend --ramp")
     print(f"find-max: maximum {best:g} requests/s", flush=True)
     return best, steps
 
@@ -586,6 +591,7 @@ RULES = (
     Rule("buffered_kib", "buffered KiB", 64.0, back_to_zero=True),
 )
 BUDGET_SHARE = 0.05  # of the value at the end of the warm-up, per hour
+IDLE_TASKS_SLACK = 2  # event-loop tasks after the load, over the idle count before it
 
 
 def judge(samples: Sequence[dict[str, Any]], warmup: float) -> list[dict[str, Any]]:
@@ -621,12 +627,21 @@ def judge(samples: Sequence[dict[str, Any]], warmup: float) -> list[dict[str, An
         }  # fmt: skip
         if rule.back_to_zero and after[rule.key] != 0:
             verdict["verdict"] = f"{word}; NOT BACK TO 0"
+        if rule.key == "tasks":  # idle again: the load's tasks are all gone
+            idle = float(samples[0]["tasks"])
+            verdict["idle_before"] = idle
+            if after["tasks"] > idle + IDLE_TASKS_SLACK:
+                verdict["verdict"] = f"{word}; NOT BACK TO IDLE ({idle:.0f} before the load)"
         out.append(verdict)
     return out
 
 
 def _failed(verdicts: Sequence[dict[str, Any]]) -> bool:
     return any("GROWING" in v["verdict"] or "NOT BACK" in v["verdict"] for v in verdicts)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds % 60 == 0 else f"{seconds:g} s"
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -660,7 +675,8 @@ def plot(
         ax.axvspan(0, warmup / 60, color="0.88", label="warm-up")
         ax.axvline(stopped / 60, color="0.4", linestyle="--", linewidth=1, label="load stops")
         ax.set_title(name, fontsize=10)
-        ax.set_ylim(bottom=0)
+        if key != "rss_mib":  # RSS: zoomed in, so that a drift of a few MiB shows
+            ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("minutes since the load started")
@@ -741,8 +757,8 @@ def report(
         **extra,
     }  # fmt: skip
     (out / "soak.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
-    title = (f"EPP soak: {rate:g} requests/s, {args.duration / 60:g} min "
-             f"(warm-up {args.warmup / 60:g} min shaded), {time.strftime('%Y-%m-%d')}")  # fmt: skip
+    title = (f"EPP soak: {rate:g} requests/s for {_minutes(args.duration)} "
+             f"(warm-up {_minutes(args.warmup)} shaded), {time.strftime('%Y-%m-%d')}")  # fmt: skip
     plot(samples, args.warmup, stopped, out / "soak.png", title)
     print(f"\nwrote {out / 'samples.csv'}, {out / 'soak.json'}, {out / 'soak.png'}")
     return verdicts
@@ -783,6 +799,20 @@ async def _main(args: argparse.Namespace, out: Path) -> int:
     return 0
 
 
+async def _stoppable(work: Coroutine[Any, Any, int]) -> int:
+    """Run ``work``; SIGTERM and SIGINT cancel it, so the stack it started is stopped rather
+    than orphaned (as ``epp bench`` does)."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
 def _rates(text: str) -> list[float]:
     rates = [float(r) for r in text.split(",") if r.strip()]
     if not rates or any(r <= 0 for r in rates):
@@ -799,7 +829,7 @@ def main() -> int:
     a("--warmup", type=float, default=300.0, help="seconds not judged (default 300)")
     a("--sample-interval", type=float, default=10.0, help="seconds between samples")
     a("--vanish", type=float, default=0.05, help="share of clients that vanish (0.05)")
-    a("--ramp", type=_rates, default=_rates("10,15,20,30,40,50,60,80,100,120,150,200,250,300"))
+    a("--ramp", type=_rates, default=_rates(DEFAULT_RAMP), help="the find-max steps, requests/s")
     a("--step", type=float, default=30.0, help="seconds per ramp step (default 30)")
     a("--ttft-p90", type=float, default=0.5, help="the ramp's TTFT p90 bound, seconds")
     a("--seed", type=int, default=1)
@@ -811,7 +841,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         find_envoy()
-        return asyncio.run(_main(args, out))
+        return asyncio.run(_stoppable(_main(args, out)))
+    except asyncio.CancelledError:
+        print(
+            "bench_soak: stopped by a signal; every process it started was stopped", file=sys.stderr
+        )
+        return 128 + signal.SIGTERM
     except BaseException as exc:
         error = _bench_error(exc)
         if error is None:
