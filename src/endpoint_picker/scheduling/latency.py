@@ -35,7 +35,8 @@ from collections.abc import Callable, Sequence
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
 
 Z_95 = 1.645  # the standard normal's 95th percentile
-_POOL = ""  # the fit over every endpoint's samples
+_POOL = ""  # the endpoint key of the windows over every endpoint's samples
+_POOL_LIMIT = 8  # those hold this many times max_samples: they see the whole pool's traffic
 
 
 def p95(ordered: list[float]) -> float:
@@ -186,21 +187,21 @@ class LatencyTracker:
         if routed is None or not event.ok or not tokens or seconds is None or seconds <= 0:
             return
         endpoint, model, load = routed
-        now, y, limit = self._clock(), seconds / tokens, self._limit
-        for key in (endpoint, _POOL):
+        now, y = self._clock(), seconds / tokens
+        for key, limit in ((endpoint, self._limit), (_POOL, self._limit * _POOL_LIMIT)):
             fit = self._fits.get(key)
             if fit is None:
                 fit = self._fits[key] = _Window()
             fit.add(now, load, y, limit)
-        tail = self._tails.get((endpoint, model))
-        if tail is None:
-            tail = self._tails[(endpoint, model)] = _Window(ranked=True)
-        tail.add(now, load, y, limit)
+            tail = self._tails.get((key, model))
+            if tail is None:
+                tail = self._tails[(key, model)] = _Window(ranked=True)
+            tail.add(now, load, y, limit)
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         for endpoint in [e for e in self._fits if e != _POOL and e not in hostports]:
             del self._fits[endpoint]
-        for key in [k for k in self._tails if k[0] not in hostports]:
+        for key in [k for k in self._tails if k[0] != _POOL and k[0] not in hostports]:
             del self._tails[key]
 
     # -- reads ----------------------------------------------------------------------------------
@@ -221,6 +222,15 @@ class LatencyTracker:
             return 0
         tail.expire(self._clock() - self._window)
         return tail.n
+
+    def observed(self, model: str) -> float | None:
+        """The P95 of ``model``'s seconds per output token over the whole pool, in the window
+        (the objective's own measure); None without samples."""
+        tail = self._tails.get((_POOL, model))
+        if tail is None:
+            return None
+        tail.expire(self._clock() - self._window)
+        return tail.observed()[0] if tail.n else None
 
     def most_demanding(self) -> tuple[str, float] | None:
         """The target model with the tightest objective routed within the window, and it."""

@@ -194,3 +194,20 @@ def test_the_most_demanding_objective_seen_in_the_window() -> None:
     assert tracker.most_demanding() == ("tight", 0.02)
     clock.now += 5
     assert tracker.most_demanding() == ("loose", 0.08)
+
+
+def test_the_pools_observed_p95_outlives_its_endpoints() -> None:
+    """observed(model) is the P95 over every endpoint's samples; it keeps those of endpoints
+    that left until they age out of the window."""
+    clock = Clock()
+    tracker = LatencyTracker(clock, window=10.0)
+    assert tracker.observed("m") is None
+    for value in (0.01, 0.02):
+        sample(tracker, "a", value)
+    sample(tracker, "b", 0.03)
+    sample(tracker, "b", 0.5, model="other")
+    assert tracker.observed("m") == pytest.approx(p95([0.01, 0.02, 0.03]))
+    tracker.on_endpoints(frozenset({"b"}))
+    assert tracker.observed("m") == pytest.approx(p95([0.01, 0.02, 0.03]))
+    clock.now += 11
+    assert tracker.observed("m") is None

@@ -43,15 +43,14 @@ def teach(
 
 
 def test_objective_requests_score_predicted_headroom() -> None:
-    """Comfortable (P95 <= half the objective) 1.0, halfway 0.5, at or past the objective 0."""
-    fast, middling, slow, past = (endpoint() for _ in range(4))
-    scorer = SloAwareScorer(LatencyTracker(clock), headroom=0.5)
-    teach(scorer, fast, 0.02)
-    teach(scorer, middling, 0.0375)
-    teach(scorer, slow, 0.05)
-    teach(scorer, past, 0.2)
-    scores = scorer.score(critical(), [fast, middling, slow, past])
-    assert scores == pytest.approx([1.0, 0.5, 0.0, 0.0])
+    """min(1, comfortable / predicted), comfortable = 80% of the objective: 1.0 with headroom,
+    0.8 at the objective, and still falling past it (the least bad miss scores highest)."""
+    fast, comfortable, at, past, far = (endpoint() for _ in range(5))
+    scorer = SloAwareScorer(LatencyTracker(clock))  # headroom 0.2
+    for e, per_token in ((fast, 0.01), (comfortable, 0.04), (at, 0.05), (past, 0.1), (far, 0.2)):
+        teach(scorer, e, per_token)
+    scores = scorer.score(critical(), [fast, comfortable, at, past, far])
+    assert scores == pytest.approx([1.0, 1.0, 0.8, 0.4, 0.2])
 
 
 def test_no_prediction_yet_is_no_evidence_against_an_endpoint() -> None:
@@ -60,15 +59,27 @@ def test_no_prediction_yet_is_no_evidence_against_an_endpoint() -> None:
     assert scorer.score(critical(), [endpoint(), endpoint()]) == [1.0, 1.0]
 
 
-def test_best_effort_requests_avoid_where_objective_traffic_runs() -> None:
-    """Without an objective: 1 - the endpoint's share of the objective requests in flight."""
+@pytest.mark.parametrize(
+    ("per_token", "expected"),
+    [
+        (0.2, [0.25, 0.75, 1.0]),  # the objective missed: pressure 1
+        (0.0375, [0.625, 0.875, 1.0]),  # halfway into the headroom: pressure 0.5
+        (0.01, [1.0, 1.0, 1.0]),  # comfortably met: no pressure, no avoidance
+    ],
+)
+def test_best_effort_requests_make_room_as_the_objective_needs(
+    per_token: float, expected: list[float]
+) -> None:
+    """Without an objective: 1 - the endpoint's share of the objective requests in flight x
+    how close the objective is to being missed over the pool (its observed P95)."""
     busy, shared, free = endpoint(), endpoint(), endpoint()
-    scorer = SloAwareScorer(LatencyTracker(clock))
-    assert scorer.score(critical(None), [busy, shared, free]) == [1.0, 1.0, 1.0]
+    scorer = SloAwareScorer(LatencyTracker(clock), headroom=0.5)
+    teach(scorer, free, per_token)  # the pool's P95: any endpoint's samples count
+    assert scorer.score(critical(None), [busy, shared, free]) == [1.0, 1.0, 1.0]  # none in flight
     for e in (busy, busy, busy, shared):
         scorer.on_routed(Routed(critical(), e.hostport))
     scorer.on_routed(Routed(critical(None), free.hostport))  # best effort: not counted
-    assert scorer.score(critical(None), [busy, shared, free]) == pytest.approx([0.25, 0.75, 1.0])
+    assert scorer.score(critical(None), [busy, shared, free]) == pytest.approx(expected)
 
 
 def test_objective_traffic_is_routed_by_headroom_in_a_profile() -> None:
@@ -79,15 +90,14 @@ def test_objective_traffic_is_routed_by_headroom_in_a_profile() -> None:
     )
     fast, slow = endpoint("fast"), endpoint("slow")
     lifecycle = parts.lifecycle
-    for e, per_token in ((fast, 0.02), (slow, 0.2)):
+    for e, per_token in ((fast, 0.04), (slow, 0.2)):  # fast meets the objective, barely
         for _ in range(3):
             req = critical()
             lifecycle.routed(req, e.hostport)
             lifecycle.finished(req.request_id, True, per_token * 50, 50)
     picks = {parts.scheduler.schedule(critical(), [fast, slow]).endpoints[0] for _ in range(20)}
     assert picks == {fast}
-    held = critical()
-    lifecycle.routed(held, fast.hostport)  # objective traffic now runs on fast
+    lifecycle.routed(critical(), fast.hostport)  # objective traffic runs short on fast
     best_effort = {
         parts.scheduler.schedule(critical(None), [fast, slow]).endpoints[0] for _ in range(20)
     }

@@ -5,12 +5,20 @@ latency per output token, over a recent window. Both plugins read a ``LatencyTra
 the lifecycle events (each plugin keeps its own, so either works alone; with both declared every
 sample is recorded twice, a few microseconds).
 
-- A request **with** an objective scores each endpoint by its predicted headroom: 1.0 while the
-  predicted P95 is at most ``(1 - headroom) x objective``, falling linearly to 0 at the
-  objective and beyond. An endpoint with no prediction yet scores 1.0 (nothing says it is slow).
-- A request **without** one scores each endpoint ``1 - its share of the objective traffic in
-  flight``: best-effort traffic fills the endpoints that objective traffic is not using, so the
-  batches that objective requests share stay small (decode steps grow with the batch).
+- A request **with** an objective scores each endpoint by its predicted P95 against a
+  comfortable level, ``(1 - headroom) x objective``: ``min(1, comfortable / predicted)``, so
+  1.0 with comfortable headroom, ``1 - headroom`` at the objective, and still falling past it:
+  when no endpoint can meet the objective the request goes where it misses least (a score
+  flat at 0 past the objective left it to the other scorers, which spread it over every
+  endpoint). An endpoint with no prediction yet scores 1.0 (nothing says it is slow).
+- A request **without** one scores each endpoint ``1 - share x pressure``: ``share`` is the
+  endpoint's share of the objective requests in flight, ``pressure`` how close the tightest
+  objective routed within the window is to being missed over the whole pool: that model's
+  observed P95, from 0 at the comfortable level to 1 at the objective. Best-effort traffic
+  then makes room where
+  objective traffic runs, as much as the objective needs, so the batches those requests share
+  stay small (decode steps grow with the batch); while every objective is met comfortably it
+  goes wherever the other scorers send it.
 - The detector says "saturated" when the utilization thresholds do, or when no candidate is
   predicted to meet the tightest objective routed within the window; the director then sheds
   Sheddable requests.
@@ -27,6 +35,8 @@ from endpoint_picker.scheduling.lifecycle import Finished, Routed
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.scheduling.saturation import UtilizationDetector
 from endpoint_picker.types import EndpointState
+
+DEFAULT_HEADROOM = 0.2  # comfortable: within 80% of the objective
 
 
 def tracker_from_params(params: Params, ctx: PluginContext) -> LatencyTracker:
@@ -63,25 +73,50 @@ class _Tracking:
 class SloAwareScorer(_Tracking):
     """Headroom against the request's objective; for best-effort requests, room left by it."""
 
-    __slots__ = ("_headroom",)
+    __slots__ = ("_headroom_share",)
 
-    def __init__(self, tracker: LatencyTracker, headroom: float = 0.5) -> None:
+    def __init__(self, tracker: LatencyTracker, headroom: float = DEFAULT_HEADROOM) -> None:
         super().__init__(tracker)
-        self._headroom = headroom
+        self._headroom_share = headroom
 
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> SloAwareScorer:
         tracker = tracker_from_params(params, ctx)
-        return cls(tracker, params.number("headroom", 0.5, minimum=0.01, maximum=1.0))
+        return cls(tracker, params.number("headroom", DEFAULT_HEADROOM, minimum=0.01, maximum=0.99))
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
-        tracker = self.tracker
+        hostports = [e.hostport for e in endpoints]
         objective = request.latency_objective
-        if objective is None:
-            return [1.0 - tracker.objective_share(e.hostport) for e in endpoints]
-        span = self._headroom * objective
-        predicted = tracker.predict_next(request.target_model, [e.hostport for e in endpoints])
-        return [1.0 if p is None else min(1.0, max(0.0, (objective - p) / span)) for p in predicted]
+        if objective is not None:
+            return self._headroom_scores(request.target_model, objective, hostports)
+        pressure = self._pressure()
+        if pressure <= 0.0:
+            return [1.0] * len(hostports)
+        share = self.tracker.objective_share
+        return [1.0 - share(h) * pressure for h in hostports]
+
+    def _headroom_scores(self, model: str, objective: float, hostports: list[str]) -> list[float]:
+        """For one more ``model`` request on each endpoint: ``min(1, comfortable / predicted)``
+        with comfortable = ``(1 - headroom) x objective``: 1.0 with headroom, ``1 - headroom``
+        at the objective, still falling past it (1.0 where there is no prediction)."""
+        comfortable = (1.0 - self._headroom_share) * objective
+        return [
+            1.0 if p is None or p <= 0 else min(1.0, comfortable / p)
+            for p in self.tracker.predict_next(model, hostports)
+        ]
+
+    def _pressure(self) -> float:
+        """How close the tightest recent objective is to being missed over the pool: 0 while
+        its observed P95 is comfortable (or unknown), rising to 1 at the objective."""
+        demanding = self.tracker.most_demanding()
+        if demanding is None:
+            return 0.0
+        model, objective = demanding
+        observed = self.tracker.observed(model)
+        if observed is None:
+            return 0.0
+        span = self._headroom_share * objective
+        return min(1.0, max(0.0, (observed - objective + span) / span))
 
 
 class SloSaturationDetector(_Tracking):
