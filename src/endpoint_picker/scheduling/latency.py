@@ -210,10 +210,9 @@ class LatencyTracker:
         """Requests this EPP has in flight on ``endpoint`` (the fit's load)."""
         return self._load.count(endpoint)
 
-    def objective_share(self, endpoint: str) -> float:
-        """``endpoint``'s share of the requests with an objective in flight (0 when none are)."""
-        total = self._objective_load.total
-        return self._objective_load.count(endpoint) / total if total else 0.0
+    def objective_load(self, endpoint: str) -> int:
+        """Requests with a latency objective this EPP has in flight on ``endpoint``."""
+        return self._objective_load.count(endpoint)
 
     def samples(self, endpoint: str, model: str) -> int:
         """Samples of ``model`` on ``endpoint`` in the window."""

@@ -167,18 +167,18 @@ def test_endpoints_that_leave_are_forgotten() -> None:
     assert tracker.samples("b", "m") == 1
 
 
-def test_load_and_objective_share_follow_requests_in_flight() -> None:
-    """Load counts every request in flight; the share counts those with an objective."""
+def test_load_and_objective_load_follow_requests_in_flight() -> None:
+    """Load counts every request in flight; objective load counts those with an objective."""
     tracker = LatencyTracker(Clock())
-    assert tracker.objective_share("a") == 0.0
+    assert tracker.objective_load("a") == 0
     first = routed(tracker, "a", "crit", objective=0.05)
     routed(tracker, "a", "crit", objective=0.05)
     routed(tracker, "b", "crit", objective=0.05)
     routed(tracker, "b")
     assert (tracker.load("a"), tracker.load("b")) == (2, 2)
-    assert tracker.objective_share("a") == pytest.approx(2 / 3)
+    assert (tracker.objective_load("a"), tracker.objective_load("b")) == (2, 1)
     tracker.on_finished(Finished(first, False))
-    assert tracker.objective_share("a") == pytest.approx(1 / 2)
+    assert tracker.objective_load("a") == 1
     assert tracker.load("a") == 1
 
 

@@ -62,16 +62,16 @@ def test_no_prediction_yet_is_no_evidence_against_an_endpoint() -> None:
 @pytest.mark.parametrize(
     ("per_token", "expected"),
     [
-        (0.2, [0.25, 0.75, 1.0]),  # the objective missed: pressure 1
-        (0.0375, [0.625, 0.875, 1.0]),  # halfway into the headroom: pressure 0.5
+        (0.2, [0.0, 2 / 3, 1.0]),  # the objective missed: pressure 1
+        (0.0375, [0.5, 5 / 6, 1.0]),  # halfway into the headroom: pressure 0.5
         (0.01, [1.0, 1.0, 1.0]),  # comfortably met: no pressure, no avoidance
     ],
 )
 def test_best_effort_requests_make_room_as_the_objective_needs(
     per_token: float, expected: list[float]
 ) -> None:
-    """Without an objective: 1 - the endpoint's share of the objective requests in flight x
-    how close the objective is to being missed over the pool (its observed P95)."""
+    """Without an objective: 1 - the endpoint's objective requests in flight relative to the
+    busiest endpoint's x how close the objective is to being missed over the pool (its P95)."""
     busy, shared, free = endpoint(), endpoint(), endpoint()
     scorer = SloAwareScorer(LatencyTracker(clock), headroom=0.5)
     teach(scorer, free, per_token)  # the pool's P95: any endpoint's samples count

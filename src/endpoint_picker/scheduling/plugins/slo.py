@@ -11,14 +11,15 @@ sample is recorded twice, a few microseconds).
   when no endpoint can meet the objective the request goes where it misses least (a score
   flat at 0 past the objective left it to the other scorers, which spread it over every
   endpoint). An endpoint with no prediction yet scores 1.0 (nothing says it is slow).
-- A request **without** one scores each endpoint ``1 - share x pressure``: ``share`` is the
-  endpoint's share of the objective requests in flight, ``pressure`` how close the tightest
-  objective routed within the window is to being missed over the whole pool: that model's
-  observed P95, from 0 at the comfortable level to 1 at the objective. Best-effort traffic
-  then makes room where
-  objective traffic runs, as much as the objective needs, so the batches those requests share
-  stay small (decode steps grow with the batch); while every objective is met comfortably it
-  goes wherever the other scorers send it.
+- A request **without** one scores each endpoint ``1 - (count / most) x pressure``: ``count``
+  is the objective requests in flight on the endpoint, ``most`` the largest such count over the
+  candidates, ``pressure`` how close the tightest objective routed within the window is to
+  being missed over the whole pool: that model's observed P95, from 0 at the comfortable level
+  to 1 at the objective. Scaling by the busiest endpoint (not by the share of all objective
+  requests) keeps the spread the same whatever the number of endpoints. Best-effort traffic
+  then makes room where objective traffic runs, as much as the objective needs, so the batches
+  those requests share stay small (decode steps grow with the batch); while every objective is
+  met comfortably it goes wherever the other scorers send it.
 - The detector says "saturated" when the utilization thresholds do, or when no candidate is
   predicted to meet the tightest objective routed within the window; the director then sheds
   Sheddable requests.
@@ -90,10 +91,12 @@ class SloAwareScorer(_Tracking):
         if objective is not None:
             return self._headroom_scores(request.target_model, objective, hostports)
         pressure = self._pressure()
-        if pressure <= 0.0:
+        counts = [self.tracker.objective_load(h) for h in hostports] if pressure > 0.0 else []
+        top = max(counts, default=0)
+        if not top:
             return [1.0] * len(hostports)
-        share = self.tracker.objective_share
-        return [1.0 - share(h) * pressure for h in hostports]
+        scale = pressure / top
+        return [1.0 - c * scale for c in counts]
 
     def _headroom_scores(self, model: str, objective: float, hostports: list[str]) -> list[float]:
         """For one more ``model`` request on each endpoint: ``min(1, comfortable / predicted)``
