@@ -466,8 +466,8 @@ def _plan() -> WorkloadPlan:
 
 
 @contextlib.asynccontextmanager
-async def _stack(out: Path) -> Any:
-    spec = StackSpec("epp", "epp")
+async def _stack(out: Path, epp_env: tuple[tuple[str, str], ...] = ()) -> Any:
+    spec = StackSpec("epp", "epp", epp_env=epp_env)
     async with (
         running_stack(spec, FleetOptions(), _plan(), out / "logs") as stack,
         aiohttp.ClientSession(
@@ -508,7 +508,7 @@ def _step_problems(tally: Tally, rate: float, row: dict[str, Any], ttft_bound: f
 async def find_max(args: argparse.Namespace, out: Path) -> tuple[float, list[dict[str, Any]]]:
     """The ramp on one stack; the highest rate before the first failing step (0: none)."""
     best, steps = 0.0, []
-    async with _stack(out) as (stack, session):
+    async with _stack(out, tuple(args.epp_env)) as (stack, session):
         client = Client(stack.url, session)
         print(f"find-max: {args.step:g} s per step, TTFT p90 bound {args.ttft_p90:g} s", flush=True)
         for i, rate in enumerate(args.ramp):
@@ -549,7 +549,7 @@ async def find_max(args: argparse.Namespace, out: Path) -> tuple[float, list[dic
 
 async def soak(args: argparse.Namespace, out: Path, rate: float) -> tuple[Tally, list[Any], float]:
     """The soak on a fresh stack; returns the tally, the samples and when the load stopped."""
-    async with _stack(out) as (stack, session):
+    async with _stack(out, tuple(args.epp_env)) as (stack, session):
         tally = Tally()
         sampler = Sampler(stack, session, tally)
         client = Client(stack.url, session)
@@ -813,6 +813,13 @@ async def _stoppable(work: Coroutine[Any, Any, int]) -> int:
             loop.remove_signal_handler(sig)
 
 
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"KEY=VALUE expected: {text!r}")
+    return key, value
+
+
 def _rates(text: str) -> list[float]:
     rates = [float(r) for r in text.split(",") if r.strip()]
     if not rates or any(r <= 0 for r in rates):
@@ -833,6 +840,15 @@ def main() -> int:
     a("--step", type=float, default=30.0, help="seconds per ramp step (default 30)")
     a("--ttft-p90", type=float, default=0.5, help="the ramp's TTFT p90 bound, seconds")
     a("--seed", type=int, default=1)
+    a(
+        "--epp-env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of the EPP process only, repeatable (e.g. LD_PRELOAD=... to try "
+        "another allocator)",
+    )
     a("--out", type=Path, help="where the samples, the JSON and the plot go (default: a temp dir)")
     args = parser.parse_args()
     if args.warmup >= args.duration and not args.find_max:

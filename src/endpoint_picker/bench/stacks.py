@@ -130,6 +130,7 @@ class StackSpec:
     config_file: Path | None = None  # epp=PATH: an EndpointPickerConfig
     policy: str | None = None  # the peer routers' --policy
     replicas: int = 1  # Nxepp: N EPP processes behind one Envoy, each learning on its own
+    epp_env: tuple[tuple[str, str], ...] = ()  # extra environment of the EPP processes only
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +280,12 @@ async def running_stack(
                     ports = epp_ports[3 * i : 3 * i + 3]
                     name = "epp" if spec.replicas == 1 else f"epp{i + 1}"
                     epps.append(
-                        (await children.start(name, _epp_argv(spec, pool, ports)), ports[2])
+                        (
+                            await children.start(
+                                name, _epp_argv(spec, pool, ports), dict(spec.epp_env)
+                            ),
+                            ports[2],
+                        )
                     )
             for server in servers:
                 await children.wait(sim, http_probe(session, f"{server}/health"))
