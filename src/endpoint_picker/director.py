@@ -12,7 +12,8 @@ shedding of sheddable requests (429), scheduling (503 when nothing is left).
 With flow control on (the ``flowControl`` feature gate), admission replaces shedding: after the
 InferenceObjective, a request the pool has no room for waits in its priority band (429 when the
 band or the queue is full or it is evicted for a higher priority, 503 when it waits past its
-TTL); candidates and scheduling then run when it is dispatched.
+TTL); candidates and scheduling then run when it is dispatched, among the candidates the
+saturation detector says have room (all of them when none has).
 """
 
 from __future__ import annotations
@@ -422,6 +423,8 @@ class Director:
             raise TooManyRequestsError(
                 f"the pool is saturated; sheddable request for {clip(request.model)!r} dropped"
             )
+        if not shed:  # flow control: only where there is room, so waiting stays in its queues
+            candidates = tuple(self._saturation.with_room(candidates)) or candidates
         result = self._scheduler.schedule(request, candidates)
         if not result.endpoints:
             raise ServiceUnavailableError("no endpoint passed the scheduler's filters")

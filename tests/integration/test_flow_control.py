@@ -46,7 +46,9 @@ plugins:
 """
 
 
-def flow_settings(tmp_path: Path, servers: list[FakeModelServer]) -> Settings:
+def flow_settings(
+    tmp_path: Path, servers: list[FakeModelServer], config_text: str = CONFIG
+) -> Settings:
     text = pool_yaml(
         pool(port=servers[0].port),
         model("crit", criticality="Critical"),
@@ -56,7 +58,7 @@ def flow_settings(tmp_path: Path, servers: list[FakeModelServer]) -> Settings:
     )
     settings = make_settings(tmp_path, text, scraping=True)
     config = tmp_path / "config.yaml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     return replace(
         settings,
         scrape=replace(settings.scrape, refresh_interval=0.02, staleness_threshold=2.0),
@@ -73,13 +75,13 @@ async def until(check, within: float = 5.0) -> None:  # type: ignore[no-untyped-
 
 @contextlib.asynccontextmanager
 async def flow_app(
-    tmp_path: Path, busy: bool = True
+    tmp_path: Path, busy: bool = True, config_text: str = CONFIG
 ) -> AsyncIterator[tuple[App, Client, list[FakeModelServer]]]:
     """Two fake servers (every queue long when ``busy``), the EPP with CONFIG, both scraped."""
     async with fake_model_servers(ADDRS) as servers:
         for s in servers:
             s.metrics_text = BUSY if busy else IDLE
-        async with running_app(flow_settings(tmp_path, servers)) as (app, client):
+        async with running_app(flow_settings(tmp_path, servers, config_text)) as (app, client):
             await until(lambda: scraped(app))
             assert app.flow is not None
             yield app, client, servers
@@ -188,3 +190,24 @@ async def test_with_room_requests_skip_the_queue(tmp_path: Path, name: str) -> N
         assert pick in {s.hostport for s in servers}
         assert app.flow is not None
         assert app.flow.waiting == 0
+
+
+async def test_dispatched_requests_go_only_where_there_is_room(tmp_path: Path) -> None:
+    """With flow control the scheduler only sees endpoints with room: a server whose queue is
+    long is passed over even when the profile's scorer prefers it (here: its emptier KV
+    cache), so requests wait in the EPP's priority queues, not in a server's FCFS queue."""
+    prefers_busy = CONFIG.replace("- type: queue-scorer", "- type: kv-cache-utilization-scorer")
+    async with flow_app(tmp_path, busy=False, config_text=prefers_busy) as (app, client, servers):
+        servers[0].metrics_text = vllm_metrics(waiting=50, running=10, kv=0.0)
+        servers[1].metrics_text = vllm_metrics(waiting=0, running=1, kv=0.5)
+        await until(lambda: scraped_queue(app, servers[0].hostport) == 50)
+        order: list[str] = []
+        picks = [await send(client, name, order) for name in ("crit", "std", "shed", "crit")]
+        assert picks == [servers[1].hostport] * 4
+
+
+def scraped_queue(app: App, hostport: str) -> int:
+    for state in app.datastore.endpoint_states():
+        if state.hostport == hostport:
+            return state.metrics.waiting_queue_size
+    return -1

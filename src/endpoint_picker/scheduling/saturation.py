@@ -21,6 +21,12 @@ class SaturationDetector(Protocol):
         """True when no candidate has room; an empty candidate list is saturated."""
         ...
 
+    def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """The candidates that have room, in order (empty exactly when ``is_saturated``).
+        Flow control schedules its requests among these, so that waiting happens in the
+        EPP's priority queues rather than in a server's first-come queue."""
+        ...
+
 
 class UtilizationDetector:
     """Saturated when every candidate has a long queue, a full KV cache or stale metrics.
@@ -60,14 +66,23 @@ class UtilizationDetector:
         )
 
     def is_saturated(self, candidates: Sequence[EndpointState]) -> bool:
+        has_room = self._has_room()
+        return not any(has_room(e) for e in candidates)
+
+    def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        has_room = self._has_room()
+        return [e for e in candidates if has_room(e)]
+
+    def _has_room(self) -> Callable[[EndpointState], bool]:
         oldest = max(self._clock() - self._staleness, 1e-9)
         queue, kv, routed_since = self._queue, self._kv, self._inflight.routed_since
-        for e in candidates:
+
+        def has_room(e: EndpointState) -> bool:
             m = e.metrics
-            if (
+            return (
                 m.updated_at >= oldest
                 and m.kv_cache_usage <= kv
                 and m.waiting_queue_size + routed_since(e.hostport, m.updated_at) <= queue
-            ):
-                return False
-        return True
+            )
+
+        return has_room

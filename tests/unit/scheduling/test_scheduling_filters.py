@@ -56,6 +56,14 @@ def ok(**overrides: object) -> EndpointState:
 def test_utilization_detector(candidates: list[EndpointState], saturated: bool) -> None:
     """The pool is saturated only when every candidate is over a threshold or stale."""
     assert DETECTOR.is_saturated(candidates) is saturated
+    assert (not DETECTOR.with_room(candidates)) is saturated
+
+
+def test_with_room_keeps_exactly_the_unsaturated_candidates_in_order() -> None:
+    """Flow control schedules among these: a long queue, a full cache or stale metrics is out."""
+    first, long_queue, full, stale, second = ok(), ok(queue=9), ok(kv=0.95), ok(age=1.0), ok()
+    roomy = DETECTOR.with_room([first, long_queue, full, stale, second])
+    assert [e.hostport for e in roomy] == [first.hostport, second.hostport]
 
 
 def test_utilization_detector_thresholds_are_configurable() -> None:

@@ -123,6 +123,18 @@ def test_detector_saturated_when_no_endpoint_meets_the_tightest_objective() -> N
     fresh = endpoint()
     teach(found, fresh, 0.01, objective=None)
     assert not found.is_saturated([a, b, fresh])  # one endpoint can meet it
+    assert list(found.with_room([a, b, fresh])) == [fresh]  # flow control schedules there
+
+
+def test_room_needs_both_the_thresholds_and_the_objective() -> None:
+    """An endpoint predicted to meet the objective but over the queue threshold has no room,
+    nor has one under the threshold predicted past the objective: together, saturated."""
+    slow, queued = endpoint(queue=0), endpoint(queue=9)
+    found = detector(LatencyTracker(clock), queue=3)
+    teach(found, slow, 0.2, objective=OBJECTIVE)
+    teach(found, queued, 0.01, objective=OBJECTIVE)
+    assert found.is_saturated([slow, queued])
+    assert not found.with_room([slow, queued])
 
 
 def test_detector_keeps_the_utilization_thresholds() -> None:

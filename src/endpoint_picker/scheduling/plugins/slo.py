@@ -123,8 +123,8 @@ class SloAwareScorer(_Tracking):
 
 
 class SloSaturationDetector(_Tracking):
-    """``utilization-detector``'s thresholds, or no candidate predicted to meet the tightest
-    objective seen within the window."""
+    """Saturated when no candidate both passes ``utilization-detector``'s thresholds and is
+    predicted to meet the tightest objective seen within the window."""
 
     __slots__ = ("_utilization",)
 
@@ -138,12 +138,15 @@ class SloSaturationDetector(_Tracking):
         return cls(tracker, UtilizationDetector.from_params(name, params, ctx))
 
     def is_saturated(self, candidates: Sequence[EndpointState]) -> bool:
-        if self._utilization.is_saturated(candidates):
-            return True
-        tracker = self.tracker
-        demanding = tracker.most_demanding()
-        if demanding is None:
-            return False
+        return not self.with_room(candidates)
+
+    def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """The candidates with room by the thresholds and, while an objective is recent, not
+        predicted past it (no prediction yet counts as room)."""
+        roomy = self._utilization.with_room(candidates)
+        demanding = self.tracker.most_demanding()
+        if demanding is None or not roomy:
+            return roomy
         model, objective = demanding
-        predicted = tracker.predict_next(model, [e.hostport for e in candidates])
-        return all(p is not None and p > objective for p in predicted)
+        predicted = self.tracker.predict_next(model, [e.hostport for e in roomy])
+        return [e for e, p in zip(roomy, predicted, strict=True) if p is None or p <= objective]
