@@ -2,6 +2,12 @@
 
 Nothing below this module constructs its own dependencies; everything is passed in here.
 Background loops are named tasks owned by the app, cancelled and awaited on stop.
+
+With ``epp serve --workers N`` (N > 1) the same app runs in two roles (``endpoint_picker.workers``
+builds them): the parent keeps the pool source, the scrapers, the health port and the metrics
+port and hands routing to its ``Routers`` (the worker processes); each worker (``WorkerRole``,
+both in ``roles``) routes only: its datastore is fed by the parent, its ext_proc port is
+shared by SO_REUSEPORT.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.extproc.tls import load_certificate, load_client_ca, self_signed_certificate
 from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.metrics.scraper import ScrapeManager
+from endpoint_picker.roles import Routers, WorkerRole
 from endpoint_picker.scheduling import build_scheduling, load_config
+from endpoint_picker.scheduling.config import EndpointPickerConfig
 from endpoint_picker.settings import MetricsAuth, MetricsEndpointSettings, Settings
 from endpoint_picker.status import (
     Authorizer,
@@ -76,16 +84,23 @@ class App:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        datastore: Datastore | None = None,
+        health: HealthState | None = None,
+        routers: Routers | None = None,
+        worker: WorkerRole | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
         self._rng = rng or random.Random()
-        self.datastore = Datastore(settings.pool.pool_name)
+        self._routers = routers
+        self._worker = worker
+        self.datastore = datastore or Datastore(settings.pool.pool_name)
         # The reference EPP (Go client) exports no *_created series; dashboards expect none.
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.metrics = EppMetrics(self._pool_stats, self.datastore.is_configured_model)
-        self.health = HealthState()
+        self.health = health or HealthState()
         self._tasks: list[asyncio.Task[None]] = []
+        self._ext_server: grpc.aio.Server | None = None
         self._servers: list[grpc.aio.Server] = []
         self._metrics_server: MetricsServer | None = None
         self.decisions = DecisionLog()  # the status page's recent decisions and refusals
@@ -100,6 +115,9 @@ class App:
         self._reviews: CachedReviews | None = None  # metrics-port auth through Kubernetes
         self._pool_synced = False  # Kubernetes: the first full sync is done and the pool exists
         self._leading = True  # Kubernetes HA: this replica holds the Lease (True without HA)
+        self._scraper: ScrapeManager | None = None
+        if worker is not None:
+            return  # the parent reads the pool and scrapes; its channel feeds the datastore
         if settings.pool.pool_file is not None:
             self._source = PoolFileSource(
                 settings.pool.pool_file,
@@ -221,15 +239,19 @@ class App:
             ready_pods=len({s.endpoint.pod_name for s in states}),
         )
 
-    def _build_director(self) -> Director:
+    def _scheduling_config(self) -> EndpointPickerConfig | None:
+        """The scheduler config file, validated; None without one (the default config)."""
         config_path = self.settings.scheduling.config_file
-        config = None
-        if config_path is not None:
-            try:
-                text = config_path.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ConfigError(f"cannot read: {exc.strerror}", str(config_path)) from exc
-            config = load_config(text, str(config_path))
+        if config_path is None:
+            return None
+        try:
+            text = config_path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read: {exc.strerror}", str(config_path)) from exc
+        return load_config(text, str(config_path))
+
+    def _build_director(self) -> Director:
+        config = self._scheduling_config()
         components = build_scheduling(
             config,
             settings=self.settings.scheduling,
@@ -238,6 +260,7 @@ class App:
             rng=self._rng,
             observer=self.metrics,
             record=self.decisions.record,
+            inflight=self._worker.inflight if self._worker is not None else None,
         )
         lifecycle = components.lifecycle
         self.inflight = components.inflight  # the EPP's own in-flight count (tests, status)
@@ -279,10 +302,11 @@ class App:
         except Exception:
             log.exception("background task failed", task=name)
 
-    async def start(self) -> BoundPorts:
-        """Load the pool and start serving; ``ConfigError`` when an input is invalid."""
+    def _load_tls(self) -> tuple[tuple[bytes, bytes] | None, bytes | None]:
+        """The ext_proc port's (key, chain) and client CA; a worker gets its parent's."""
+        if self._worker is not None:
+            return self._worker.tls, self._worker.client_ca
         server_settings = self.settings.server
-        # TLS material first: a bad file fails the start before anything runs or logs
         tls = None
         if server_settings.secure_serving:
             tls = (
@@ -295,16 +319,83 @@ class App:
             if tls is None:  # never fall back to plaintext when mTLS was asked for
                 raise ConfigError("--client-ca-file needs --secure-serving true")
             client_ca = load_client_ca(server_settings.client_ca_file)
-        metrics_auth, metrics_tls = self._build_metrics_access()
-        director = self._build_director()
-        self.datastore.on_endpoints_changed(self._scraper.set_endpoints)
+        return tls, client_ca
+
+    async def start(self) -> BoundPorts:
+        """Load the pool and start serving; ``ConfigError`` when an input is invalid."""
+        server_settings = self.settings.server
+        # TLS material first: a bad file fails the start before anything runs or logs
+        tls, client_ca = self._load_tls()
+        metrics_auth, metrics_tls = (None, None)
+        if self._worker is None:
+            metrics_auth, metrics_tls = self._build_metrics_access()
+        director = None
+        if self._routers is None:
+            director = self._build_director()
+        else:
+            self._scheduling_config()  # a bad config fails here, before any worker starts
+        if self._scraper is not None:
+            self.datastore.on_endpoints_changed(self._scraper.set_endpoints)
         if self._source is not None:
             self._source.load_initial()
         await self.health.start()
-        await self._scraper.start()
-        self._scraper.set_endpoints(self.datastore.endpoints)
+        if self._scraper is not None:
+            await self._scraper.start()
+            self._scraper.set_endpoints(self.datastore.endpoints)
 
         host = server_settings.bind_address
+        ext_address = _format_address(host, server_settings.grpc_port)
+        health_address = _format_address(host, server_settings.grpc_health_port)
+        if director is not None:
+            ext_port = await self._start_ext_proc(director, ext_address, tls, client_ca)
+        else:
+            assert self._routers is not None
+            ext_port = await self._routers.start(tls, client_ca)
+        health_port = metrics_port = 0
+        if self._worker is None:  # a worker's parent serves these ports for all of them
+            try:
+                health_server, health_port = build_health_server(self.health, health_address)
+            except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
+                raise ConfigError(f"cannot listen on {health_address}: {exc}") from exc
+            await health_server.start()
+            self._servers.append(health_server)
+            metrics_port = await self._start_metrics_server(metrics_auth, metrics_tls)
+        if metrics_tls is not None:
+            self._spawn("metrics-tls-reload", metrics_tls.watch())
+        if self.flow is not None:
+            self._spawn("flow-control-dispatch", self.flow.run())
+        if self._source is not None:
+            self._spawn("pool-file-watch", self._source.watch())
+            await self.health.set_ready(self.datastore.loaded)
+        if self._kubernetes is not None:  # ready at its first full sync, not before
+            for name, coro in self._kubernetes.tasks():
+                self._spawn(name, coro)
+            if self._elector is not None:
+                self._spawn("kubernetes-leader-election", self._elector.run())
+        self.ports = BoundPorts(ext_port, health_port, metrics_port)
+        log.info(
+            "endpoint picker serving" if self._worker is None else "worker serving",
+            pool=self.datastore.pool.name if self.datastore.pool else None,
+            endpoints=len(self.datastore.endpoints),
+            ext_proc_port=ext_port,
+            health_port=health_port,
+            metrics_port=metrics_port,
+            workers=self.settings.server.workers,
+            tls=tls is not None,
+            client_auth=client_ca is not None,
+            metrics_auth=self.settings.server.metrics_endpoint.auth.value,
+            metrics_tls=metrics_tls is not None,
+        )
+        return self.ports
+
+    async def _start_ext_proc(
+        self,
+        director: Director,
+        address: str,
+        tls: tuple[bytes, bytes] | None,
+        client_ca: bytes | None,
+    ) -> int:
+        server_settings = self.settings.server
         # one budget and one stream count for the whole process, shared by every stream
         budget = BodyBudget(server_settings.max_buffered_bytes)
         slots = StreamSlots(server_settings.max_concurrent_streams)
@@ -324,68 +415,47 @@ class App:
             slots,
             self.metrics,
         )
-        ext_address = _format_address(host, server_settings.grpc_port)
-        health_address = _format_address(host, server_settings.grpc_health_port)
         try:
-            ext_server, ext_port = build_ext_proc_server(
-                processor, self.health, ext_address, tls, client_ca
+            server, port = build_ext_proc_server(
+                processor, self.health, address, tls, client_ca, reuse_port=self._worker is not None
             )
-            health_server, health_port = build_health_server(self.health, health_address)
         except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
-            raise ConfigError(f"cannot listen on {ext_address} / {health_address}: {exc}") from exc
-        # ext_proc first: on stop it is drained first, while health still says NOT_SERVING
-        for server in (ext_server, health_server):
-            await server.start()
-            self._servers.append(server)
+            raise ConfigError(f"cannot listen on {address}: {exc}") from exc
+        # started first: on stop it is drained first, while health still says NOT_SERVING
+        await server.start()
+        self._ext_server = server
+        return port
+
+    async def _start_metrics_server(self, auth: Authorizer | None, tls: ReloadingTls | None) -> int:
+        routers = self._routers
         status = StatusView(
             self.datastore,
-            inflight=self.inflight,
-            decisions=self.decisions,
+            inflight=self.inflight if routers is None else routers.inflight,
+            decisions=self.decisions if routers is None else routers.decisions,
             health=self,
             staleness_threshold=self.settings.scrape.staleness_threshold,
             engine_label=self.settings.scrape.engine_label,
             flow=self.flow,
             clock=self._clock,
         )
+        render = self.metrics.render
+        if routers is not None:  # one view: the parent's families with the workers' summed in
+            own = render
+            render = lambda: routers.render(own())  # noqa: E731
         self._metrics_server = MetricsServer(
-            self.metrics.render,
+            render,
             status,
-            auth=metrics_auth,
-            tls=metrics_tls.context if metrics_tls is not None else None,
+            auth=auth,
+            tls=tls.context if tls is not None else None,
+            refresh=routers.refresh if routers is not None else None,
         )
+        host, port = self.settings.server.bind_address, self.settings.server.metrics_port
         try:
-            metrics_port = await self._metrics_server.start(host, server_settings.metrics_port)
+            return await self._metrics_server.start(host, port)
         except OSError as exc:
             raise ConfigError(
-                f"cannot listen on {_format_address(host, server_settings.metrics_port)}: "
-                f"{exc.strerror}"
+                f"cannot listen on {_format_address(host, port)}: {exc.strerror}"
             ) from exc
-        if metrics_tls is not None:
-            self._spawn("metrics-tls-reload", metrics_tls.watch())
-        if self.flow is not None:
-            self._spawn("flow-control-dispatch", self.flow.run())
-        if self._source is not None:
-            self._spawn("pool-file-watch", self._source.watch())
-            await self.health.set_ready(self.datastore.loaded)
-        if self._kubernetes is not None:  # ready at its first full sync, not before
-            for name, coro in self._kubernetes.tasks():
-                self._spawn(name, coro)
-            if self._elector is not None:
-                self._spawn("kubernetes-leader-election", self._elector.run())
-        self.ports = BoundPorts(ext_port, health_port, metrics_port)
-        log.info(
-            "endpoint picker serving",
-            pool=self.datastore.pool.name if self.datastore.pool else None,
-            endpoints=len(self.datastore.endpoints),
-            ext_proc_port=ext_port,
-            health_port=health_port,
-            metrics_port=metrics_port,
-            tls=tls is not None,
-            client_auth=client_ca is not None,
-            metrics_auth=self.settings.server.metrics_endpoint.auth.value,
-            metrics_tls=metrics_tls is not None,
-        )
-        return self.ports
 
     def ready(self) -> bool:
         """Readiness, as the gRPC health service reports it (``/readyz``, the status page)."""
@@ -414,10 +484,16 @@ class App:
         if self._elector is not None:  # a standby may lead while this replica drains
             await self._elector.release()
         log.info("draining", grace_seconds=grace)
-        # ext_proc refuses new streams and lets open ones finish; the health port keeps
-        # answering NOT_SERVING until then, so probes and Envoy see the drain, not a refusal.
-        for index, server in enumerate(self._servers):
-            await server.stop(grace if index == 0 else 0)
+        # ext_proc refuses new streams and lets open ones finish (in every worker, with
+        # workers); the health port keeps answering NOT_SERVING until then, so probes and
+        # Envoy see the drain, not a refusal.
+        if self._ext_server is not None:
+            await self._ext_server.stop(grace)
+            self._ext_server = None
+        if self._routers is not None:
+            await self._routers.drain(grace)
+        for server in self._servers:
+            await server.stop(0)
         self._servers.clear()
         if self.flow is not None:  # whatever still waits gets its 503 now
             self.flow.close()
@@ -427,7 +503,8 @@ class App:
         self._tasks.clear()
         if self._kubernetes is not None:
             await self._kubernetes.close()
-        await self._scraper.stop()
+        if self._scraper is not None:
+            await self._scraper.stop()
         if self._metrics_server is not None:
             await self._metrics_server.stop()
             self._metrics_server = None

@@ -70,6 +70,19 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int:
+    """``N`` >= 1, or ``auto``: the cores this process may run on."""
+    if text.strip() == "auto":
+        return len(os.sched_getaffinity(0))
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{text!r} is not a number >= 1 or auto")
+    return value
+
+
 DURATION = _typed(parse_duration, "duration")
 BOOL = _typed(parse_bool, "boolean")
 PORT = _typed(_port, "port")
@@ -183,6 +196,14 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-fallback-endpoints", type=COUNT, default=0, metavar="N", help="after the primary"
+    )
+    p.add_argument(
+        "--workers",
+        type=_typed(_workers, "workers"),
+        default=d.server.workers,
+        metavar="N|auto",
+        help="ext_proc worker processes sharing the port (auto: the usable cores); above 1, a "
+        "parent reads the pool, scrapes and serves health and metrics for all of them",
     )
     p.add_argument(
         "--drain-timeout",
@@ -408,6 +429,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             max_request_headers=args.max_request_headers,
             max_request_header_bytes=args.max_request_headers_kb * 1024,
             metrics_endpoint=_metrics_endpoint(args),
+            workers=args.workers,
         ),
         pool=PoolSettings(
             pool_file=args.pool_file,
@@ -438,7 +460,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 async def _serve(settings: Settings) -> None:
     from endpoint_picker.app import App  # the app pulls in grpc; keep --help fast
 
-    app = App(settings)
+    if settings.server.workers > 1:
+        from endpoint_picker.workers import build_parent
+
+        app = build_parent(settings)
+    else:
+        app = App(settings)
     loop = asyncio.get_running_loop()
     signals = 0
 

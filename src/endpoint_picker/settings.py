@@ -110,6 +110,10 @@ class ServerSettings:
     max_request_headers: int = 100
     max_request_header_bytes: int = 60 * 1024
     metrics_endpoint: MetricsEndpointSettings = field(default_factory=MetricsEndpointSettings)
+    # Processes that route (`epp serve --workers`): 1 is one process doing everything; more
+    # is a parent (pool source, scrapes, health and metrics ports) and that many workers
+    # sharing the ext_proc port (see endpoint_picker.workers).
+    workers: int = 1
 
 
 GROUP_V1ALPHA2 = "inference.networking.x-k8s.io"  # InferencePool v1alpha2, InferenceModel

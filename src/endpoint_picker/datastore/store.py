@@ -43,7 +43,10 @@ class Datastore:
 
     def apply(self, cluster: ClusterState) -> PoolState:
         """Swap in a new pool state; raises ``ConfigError`` and keeps the old one when invalid."""
-        new = resolve_pool(cluster, self._pool_name)
+        return self.install(resolve_pool(cluster, self._pool_name))
+
+    def install(self, new: PoolState) -> PoolState:
+        """Swap in an already resolved pool state (a worker process gets its parent's)."""
         old_endpoints = self._state.endpoints if self._state else ()
         self._state = new
         live = {e.hostport for e in new.endpoints}

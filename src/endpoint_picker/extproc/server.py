@@ -99,10 +99,11 @@ class HealthState:
         return self._ready
 
 
-def _server_options() -> list[tuple[str, int]]:
+def _server_options(reuse_port: bool = False) -> list[tuple[str, int]]:
     return [
-        # A port already in use must fail loudly, not be shared with another process.
-        ("grpc.so_reuseport", 0),
+        # A port already in use must fail loudly, not be shared with another process; only the
+        # workers of one `epp serve --workers N` share theirs (their parent holds the port).
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         # Request bodies arrive in chunks, but keep room for large single messages.
         ("grpc.max_receive_message_length", 64 * 1024 * 1024),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -117,13 +118,16 @@ def build_ext_proc_server(
     address: str,
     tls: tuple[bytes, bytes] | None,
     client_ca: bytes | None = None,
+    *,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
     """The ext_proc server (health served there too); returns it with its bound port.
 
     ``tls`` is (key, certificate chain) in PEM; ``client_ca`` (PEM, needs ``tls``) turns on
     mutual TLS: only clients with a certificate signed by it can open a connection.
+    ``reuse_port``: SO_REUSEPORT, for the workers of one parent (``epp serve --workers``).
     """
-    server = grpc.aio.server(options=_server_options())
+    server = grpc.aio.server(options=_server_options(reuse_port))
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     if tls is None:

@@ -106,17 +106,19 @@ def build_scheduling(
     registry: PluginRegistry | None = None,
     observer: SchedulerObserver | None = None,
     record: Callable[[CycleRecord], object] | None = None,
+    inflight: InFlight | None = None,
 ) -> SchedulingComponents:
     """Build the scheduler and saturation detector; raise ``ConfigError`` with the field's path.
 
     ``record`` receives every routed cycle (the status page's recent decisions; see
-    ``Scheduler``)."""
+    ``Scheduler``). ``inflight``: the in-flight counter every plugin reads (a worker of
+    several passes a ``SharedInFlight``); a fresh ``InFlight`` when None."""
     context = PluginContext(
         settings=settings,
         staleness_threshold=staleness_threshold,
         clock=clock,
         rng=rng if rng is not None else random.Random(),
-        inflight=InFlight(clock),
+        inflight=inflight if inflight is not None else InFlight(clock),
         observer=observer,
     )
     built = _build(

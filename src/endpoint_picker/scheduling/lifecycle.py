@@ -171,3 +171,49 @@ class InFlight:
             self._counts[endpoint] = left
         else:
             self._counts.pop(endpoint, None)
+
+
+@runtime_checkable
+class PeerCounts(Protocol):
+    """The other worker processes' in-flight counts (``epp serve --workers``), and where this
+    worker publishes its own; both are plain memory reads and writes (no I/O, no lock)."""
+
+    def others(self, hostport: str) -> int: ...
+
+    def publish(self, hostport: str, count: int) -> None: ...
+
+
+class SharedInFlight(InFlight):
+    """``InFlight`` for one worker of several: its own exact count plus the other workers'.
+
+    Every change of an own count is published at once, so another worker's next pick sees
+    it; ``total`` and ``routed_since`` stay this worker's own (the status page sums the table,
+    and ``routed_since`` tops up a scrape with what this worker sent after it).
+    """
+
+    __slots__ = ("_peers",)
+
+    def __init__(self, peers: PeerCounts, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(clock)
+        self._peers = peers
+
+    def count(self, hostport: str) -> int:
+        return self._counts.get(hostport, 0) + self._peers.others(hostport)
+
+    @property
+    def own_counts(self) -> dict[str, int]:
+        """This worker's counts per endpoint (a copy): a new slot map rewrites the row."""
+        return dict(self._counts)
+
+    def on_routed(self, event: Routed) -> None:
+        previous = self._by_request.get(event.request.request_id)
+        super().on_routed(event)
+        if previous is not None and previous != event.endpoint:
+            self._peers.publish(previous, self._counts.get(previous, 0))
+        self._peers.publish(event.endpoint, self._counts.get(event.endpoint, 0))
+
+    def on_finished(self, event: Finished) -> None:
+        endpoint = self._by_request.get(event.request_id)
+        super().on_finished(event)
+        if endpoint is not None:
+            self._peers.publish(endpoint, self._counts.get(endpoint, 0))

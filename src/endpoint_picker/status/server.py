@@ -87,8 +87,11 @@ class MetricsServer:
         *,
         auth: Authorizer | None = None,
         tls: ssl.SSLContext | None = None,
+        refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._render_metrics = render_metrics
+        # awaited before /metrics and /api/status: a parent collects its workers' parts here
+        self._refresh = refresh
         self._view = view
         self._auth = auth
         self._tls = tls
@@ -141,6 +144,8 @@ class MetricsServer:
         return await handler(request)
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        if self._refresh is not None:
+            await self._refresh()
         return web.Response(
             body=self._render_metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE}
         )
@@ -157,6 +162,8 @@ class MetricsServer:
         return web.Response(status=200 if ready else 503, text="ready" if ready else "not ready")
 
     async def _status(self, _: web.Request) -> web.Response:
+        if self._refresh is not None:
+            await self._refresh()
         return web.Response(
             body=orjson.dumps(self._view.snapshot()),
             content_type="application/json",

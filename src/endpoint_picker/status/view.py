@@ -14,7 +14,6 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from endpoint_picker.datastore import InferenceModel, PoolState
-from endpoint_picker.status.decisions import DecisionLog
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
 SCHEMA_VERSION = 1
@@ -42,6 +41,13 @@ class InFlightCounts(Protocol):
     def count(self, hostport: str) -> int: ...
 
 
+class RecentDecisions(Protocol):
+    """The last decisions, newest first, JSON-ready (``DecisionLog``, or a parent's merge of
+    its workers' logs)."""
+
+    def recent(self) -> list[dict[str, Any]]: ...
+
+
 class QueueSizes(Protocol):
     """Flow control's queues, when the gate is on."""
 
@@ -66,7 +72,7 @@ class StatusView:
     pool: PoolReader
     _: KW_ONLY
     inflight: InFlightCounts
-    decisions: DecisionLog
+    decisions: RecentDecisions
     health: Health
     staleness_threshold: float
     engine_label: str

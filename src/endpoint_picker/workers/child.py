@@ -1,0 +1,144 @@
+"""A worker process: ``python -m endpoint_picker.workers.child CHANNEL_FD TABLE_FD``.
+
+It reads ``Init`` from its channel, builds the ordinary ``App`` in worker mode (ext_proc on the
+shared port with SO_REUSEPORT, its own director, scheduler and flow control; no pool source,
+scrapers, health port or metrics port: the parent has those) and applies what the parent sends
+to its datastore. It drains on SIGTERM (from the parent) and when its channel closes (the
+parent is gone: a worker never outlives it). SIGINT is ignored: Ctrl-C reaches the whole
+process group, and the parent turns it into the drain it orders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+
+import structlog
+
+from endpoint_picker.app import App
+from endpoint_picker.errors import ConfigError
+from endpoint_picker.roles import WorkerRole
+from endpoint_picker.scheduling.lifecycle import SharedInFlight
+from endpoint_picker.telemetry.logs import configure_logging
+from endpoint_picker.workers.messages import (
+    Answer,
+    Ask,
+    ChannelClosed,
+    Init,
+    MetricsUpdate,
+    PoolUpdate,
+    Readiness,
+    Serving,
+    Unreachable,
+    encode,
+    read_message,
+    unpack_pool,
+)
+from endpoint_picker.workers.table import InFlightTable, TableRow
+
+log = structlog.get_logger(__name__)
+
+
+class Worker:
+    """Applies the parent's messages to one worker's ``App``."""
+
+    def __init__(self, init: Init, table: InFlightTable, writer: asyncio.StreamWriter) -> None:
+        self._row = TableRow(table, init.index)
+        self.inflight = SharedInFlight(self._row)
+        self.app = App(
+            init.settings,
+            worker=WorkerRole(self.inflight, tls=init.tls, client_ca=init.client_ca),
+        )
+        self._writer = writer
+        self._parent_ready = False
+
+    async def apply(self, message: object) -> None:
+        datastore = self.app.datastore
+        if isinstance(message, MetricsUpdate):
+            for endpoint, snapshot in message.snapshots:
+                datastore.update_metrics(endpoint, snapshot)
+        elif isinstance(message, PoolUpdate):
+            datastore.install(unpack_pool(message.state))
+            self._row.remap(dict(message.slots), self.inflight.own_counts)
+            await self.update_health()
+        elif isinstance(message, Unreachable):
+            datastore.mark_unreachable(message.hostport, message.reason)
+        elif isinstance(message, Readiness):
+            self._parent_ready = message.ready
+            await self.update_health()
+        elif isinstance(message, Ask):
+            self._writer.write(encode(Answer(message.ask_id, self._answer(message.what))))
+
+    def _answer(self, what: str) -> object:
+        if what == "metrics":
+            return self.app.metrics.render()
+        if what == "decisions":
+            return self.app.decisions.recent()
+        return None
+
+    async def update_health(self) -> None:
+        """ext_proc-port health: the parent is ready and this worker holds the pool."""
+        await self.app.health.set_ready(self._parent_ready and self.app.datastore.loaded)
+
+    def serving(self) -> None:
+        """Tell the parent this worker's ext_proc server is up (its health port reflects it)."""
+        self._writer.write(encode(Serving(True)))
+
+
+async def _run(channel_fd: int, table_fd: int) -> int:
+    sock = socket.socket(fileno=channel_fd)
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    try:
+        init = await read_message(reader)
+    except ChannelClosed:
+        return 1
+    if not isinstance(init, Init):
+        raise TypeError(f"expected Init, got {type(init).__name__}")
+    configure_logging(init.settings.logging.format, init.settings.logging.level)
+    structlog.contextvars.bind_contextvars(worker=init.index)
+    table = InFlightTable(table_fd, init.table_rows, init.table_capacity)
+    worker = Worker(init, table, writer)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def follow_parent() -> None:
+        try:
+            while True:
+                await worker.apply(await read_message(reader))
+        except ChannelClosed:
+            log.info("parent channel closed; draining")
+        stop.set()
+
+    follower: asyncio.Task[None] | None = None
+    try:
+        # the director subscribes to pool changes as it is built: apply nothing before that
+        await worker.app.start()
+        follower = asyncio.create_task(follow_parent(), name="worker-channel")
+        worker.serving()
+        await stop.wait()
+    finally:
+        await worker.app.stop()
+        if follower is not None:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+        writer.close()
+        table.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    channel_fd, table_fd = int(argv[0]), int(argv[1])
+    try:
+        return asyncio.run(_run(channel_fd, table_fd))
+    except ConfigError as exc:  # a start-up failure: one line, like `epp serve`
+        print(f"epp: worker {os.getpid()}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

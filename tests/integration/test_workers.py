@@ -1,0 +1,199 @@
+"""`epp serve --workers 2` as users run it: a real parent, real workers, real gRPC, loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tests.support.extproc import Client, body, headers, json_body, lb_metadata
+from tests.support.model_servers import fake_model_servers
+from tests.support.pool import model, pod, pool, pool_yaml
+
+EPP = [sys.executable, "-m", "endpoint_picker"]
+ADDRESSES = [f"127.0.8.{i}" for i in range(2, 6)]
+PER_WORKER = 'inference_extension_worker_requests_total{worker="%s"}'
+PROMPT = json_body({"model": "m", "prompt": "hello " * 40})
+
+
+class EppProcess:
+    """The parent process and its JSON log (a file, read as it grows)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    def lines(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+    async def wait_for(self, matches: Callable[[dict[str, Any]], bool], limit: float) -> Any:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            found = [line for line in self.lines() if matches(line)]
+            if found:
+                return found[-1]
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"not logged within {limit} s:\n{self.log.read_text()[-3000:]}")
+
+    async def exited(self, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        while self.proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    def worker_pids(self) -> dict[int, int]:
+        """The pid of each worker row's latest process."""
+        return {
+            line["worker"]: line["pid"]
+            for line in self.lines()
+            if line.get("event") == "worker started"
+        }
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@contextlib.asynccontextmanager
+async def epp_workers(tmp_path: Path, pool_text: str) -> AsyncIterator[EppProcess]:
+    path = tmp_path / "pool.yaml"
+    path.write_text(pool_text)
+    log = tmp_path / "epp.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(  # noqa: ASYNC220  # started once; the test polls it by pid
+            [*EPP, "serve", "--workers", "2", "--pool-file", str(path),
+             "--bind-address", "127.0.0.1", "--grpc-port", "0", "--grpc-health-port", "0",
+             "--metrics-port", "0", "--secure-serving", "false", "--drain-timeout", "2s",
+             "--refresh-metrics-interval", "100ms", "--log-format", "json"],
+            stderr=sink, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    epp = EppProcess(proc, log)
+    try:
+        yield epp
+    finally:  # every process started here is stopped by its pid
+        pids = [pid for pid in epp.worker_pids().values() if running(pid)]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def route(port: int, requests: int) -> list[str]:
+    """``requests`` streams over a channel of its own (a new connection for the kernel to
+    place on a worker); the endpoint each was routed to."""
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        client = Client(channel)
+        return [
+            lb_metadata((await client.exchange([headers(), body(PROMPT)]))[0])
+            for _ in range(requests)
+        ]
+
+
+async def metrics(session: aiohttp.ClientSession, port: int) -> dict[str, float]:
+    async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+async def health(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        return int(reply.status)
+
+
+async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """Both workers route on one port, /metrics counts every request once, a SIGKILLed
+    worker is replaced while the other keeps routing, and SIGTERM ends every process."""
+    async with (
+        fake_model_servers(ADDRESSES) as servers,
+        epp_workers(
+            tmp_path,
+            pool_yaml(
+                pool(port=servers[0].port),
+                model("m"),
+                *(pod(f"p{i}", a) for i, a in enumerate(ADDRESSES)),
+            ),
+        ) as epp,
+        aiohttp.ClientSession() as session,
+    ):
+        serving = await epp.wait_for(lambda e: e.get("event") == "endpoint picker serving", 30)
+        ext_port, metrics_port = serving["ext_proc_port"], serving["metrics_port"]
+        first_pids = epp.worker_pids()
+        assert sorted(first_pids) == [0, 1]
+        assert await health(serving["health_port"]) == health_pb2.HealthCheckResponse.SERVING
+        hostports = {s.hostport for s in servers}
+        sent, by_worker = 0, {}
+        for _ in range(40):  # new connections until the kernel has given each worker some
+            assert set(await route(ext_port, 2)) <= hostports
+            sent += 2
+            seen = await metrics(session, metrics_port)
+            by_worker = {w: seen.get(PER_WORKER % w, 0) for w in "01"}
+            if all(by_worker.values()):
+                break
+        assert all(by_worker.values()), by_worker
+        labels = '{model_name="m",target_model_name="m"}'
+        assert seen[f"inference_model_request_total{labels}"] == sent
+        assert seen["inference_extension_workers_serving"] == 2
+        async with session.get(f"http://127.0.0.1:{metrics_port}/api/status") as response:
+            status = await response.json()
+        assert {d["worker"] for d in status["decisions"]} == {0, 1}  # collected from both
+        assert status["inFlight"] == 0  # the shared table, every stream finished
+        assert [e["inFlight"] for e in status["endpoints"]] == [0] * len(ADDRESSES)
+        assert all(not e["stale"] for e in status["endpoints"])  # scraped by the parent
+
+        os.kill(first_pids[0], signal.SIGKILL)
+        await epp.wait_for(
+            lambda e: (
+                e.get("event") == "worker started"
+                and e["worker"] == 0
+                and e["pid"] != first_pids[0]
+            ),
+            20,
+        )
+        deadline = time.monotonic() + 20
+        while (await metrics(session, metrics_port))["inference_extension_workers_serving"] < 2:
+            assert time.monotonic() < deadline, "the replacement never served"
+            await asyncio.sleep(0.1)
+        for _ in range(4):
+            assert set(await route(ext_port, 2)) <= hostports
+        seen = await metrics(session, metrics_port)
+        assert seen['inference_extension_worker_restarts_total{worker="0"}'] == 1
+        assert seen['inference_extension_worker_restarts_total{worker="1"}'] == 0
+
+        all_pids = [first_pids[0], *epp.worker_pids().values()]
+        epp.proc.send_signal(signal.SIGTERM)
+        await epp.exited(20)
+        assert epp.proc.returncode == 0, epp.log.read_text()[-3000:]
+        assert not [pid for pid in all_pids if running(pid)]
+        assert sum(1 for line in epp.lines() if line.get("event") == "stopped") == 3

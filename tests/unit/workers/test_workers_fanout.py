@@ -1,0 +1,71 @@
+"""The parent's fan-out: each change sent once per frame, a new worker caught up."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+from endpoint_picker.datastore.objects import ClusterState, InferencePool, Pod
+from endpoint_picker.types import MetricsSnapshot
+from endpoint_picker.workers.fanout import Publisher, PublishingDatastore
+from endpoint_picker.workers.messages import (
+    MetricsUpdate,
+    PoolUpdate,
+    Readiness,
+    Unreachable,
+)
+from endpoint_picker.workers.table import SlotMap
+
+
+def cluster(*ips: str) -> ClusterState:
+    pool = InferencePool(
+        "pool", "ns", "inference.networking.x-k8s.io/v1alpha2", (("a", "b"),), (8000,)
+    )
+    pods = tuple(Pod(f"p{ip}", "ns", (("a", "b"),), ip, True) for ip in ips)
+    return ClusterState(pools=(pool,), pods=pods)
+
+
+def decode(frames: list[bytes]) -> list[object]:
+    return [pickle.loads(frame[4:]) for frame in frames]
+
+
+async def test_snapshots_of_one_loop_turn_share_one_frame_and_late_ones_are_dropped() -> None:
+    """Two scrapes finishing in one turn are one MetricsUpdate; a removed pod's is not sent."""
+    frames: list[bytes] = []
+    datastore = PublishingDatastore(None, Publisher(SlotMap(), frames.append))
+    datastore.apply(cluster("127.0.0.2", "127.0.0.3"))
+    first, second = datastore.endpoints
+    datastore.update_metrics(first, MetricsSnapshot(waiting_queue_size=1, updated_at=1.0))
+    datastore.update_metrics(second, MetricsSnapshot(waiting_queue_size=2, updated_at=1.0))
+    datastore.mark_unreachable(second.hostport, "refused")
+    datastore.mark_unreachable(second.hostport, "refused")  # no change: not sent again
+    await asyncio.sleep(0)
+    messages = decode(frames)
+    assert isinstance(messages[0], PoolUpdate)
+    assert dict(messages[0].slots) == {first.hostport: 0, second.hostport: 1}
+    assert messages[1] == Unreachable(second.hostport, "refused")
+    assert isinstance(messages[2], MetricsUpdate)
+    assert [e for e, _ in messages[2].snapshots] == [first, second]
+    assert len(messages) == 3
+    frames.clear()
+    datastore.apply(cluster("127.0.0.2"))
+    datastore.update_metrics(second, MetricsSnapshot(updated_at=2.0))  # a late scrape
+    await asyncio.sleep(0)
+    assert [type(m) for m in decode(frames)] == [PoolUpdate]
+
+
+async def test_a_new_worker_is_caught_up_with_the_present() -> None:
+    """catch_up: the pool, the latest snapshot of each endpoint, unreachable marks, readiness."""
+    publisher = Publisher(SlotMap(), lambda frame: None)
+    datastore = PublishingDatastore(None, publisher)
+    datastore.apply(cluster("127.0.0.2", "127.0.0.3"))
+    first, second = datastore.endpoints
+    for at in (1.0, 2.0):
+        datastore.update_metrics(first, MetricsSnapshot(updated_at=at))
+    datastore.mark_unreachable(second.hostport, "refused")
+    publisher.readiness(True)
+    await asyncio.sleep(0)
+    messages = decode(list(publisher.catch_up()))
+    assert isinstance(messages[0], PoolUpdate)
+    assert messages[1] == MetricsUpdate(((first, MetricsSnapshot(updated_at=2.0)),))
+    assert messages[2:] == [Unreachable(second.hostport, "refused"), Readiness(True)]

@@ -1,0 +1,67 @@
+"""One /metrics view over the parent and its workers."""
+
+from __future__ import annotations
+
+import prometheus_client
+
+from endpoint_picker.telemetry.metrics import EppMetrics, PoolStats
+from endpoint_picker.workers.merge import merge_expositions, requests_counted
+
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def worker(requests: int) -> EppMetrics:
+    metrics = EppMetrics(lambda: PoolStats("pool", 0.5, 2.0, 3))
+    for _ in range(requests):
+        metrics.request_started("m", "m", 100)
+        metrics.request_finished(
+            "m", "m", seconds=0.1, response_bytes=10, input_tokens=3, output_tokens=4
+        )
+    metrics.request_started("m", "m", 100)  # one still running
+    return metrics
+
+
+def samples(text: bytes) -> dict[str, float]:
+    out = {}
+    for line in text.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_counters_histograms_and_counting_gauges_are_summed() -> None:
+    """Requests, durations (every bucket) and running requests add up across workers."""
+    parent = EppMetrics(lambda: PoolStats("pool", 0.5, 2.0, 3)).render()
+    merged = samples(merge_expositions(parent, [worker(2).render(), worker(3).render()]))
+    labels = '{model_name="m",target_model_name="m"}'
+    assert merged[f"inference_model_request_total{labels}"] == 7.0
+    assert merged[f"inference_model_request_duration_seconds_count{labels}"] == 5.0
+    bucket = "inference_model_request_duration_seconds_bucket{le=%s," + labels[1:]
+    assert merged[bucket % '"0.025"'] == 0.0
+    assert merged[bucket % '"0.2"'] == 5.0
+    assert merged[bucket % '"+Inf"'] == 5.0
+    assert merged['inference_model_running_requests{model_name="m"}'] == 2.0
+
+
+def test_pool_and_process_families_come_from_the_parent_alone() -> None:
+    """Pool gauges, pool reloads and process_* are the parent's, never multiplied."""
+    parent_metrics = EppMetrics(lambda: PoolStats("pool", 0.5, 2.0, 3))
+    parent_metrics.pool_reload("applied")
+    parent = parent_metrics.render()
+    merged = samples(merge_expositions(parent, [worker(1).render(), worker(1).render()]))
+    assert merged['inference_pool_ready_pods{name="pool"}'] == 3.0
+    assert merged['inference_extension_pool_reload_total{result="applied"}'] == 1.0
+    assert merged["inference_extension_pool_source_healthy"] == 1.0
+    assert merged["process_start_time_seconds"] == samples(parent)["process_start_time_seconds"]
+
+
+def test_merging_one_exposition_changes_nothing() -> None:
+    """Names, labels, help, types and values survive the parse-and-render round trip."""
+    text = worker(2).render()
+    assert merge_expositions(text, []) == text
+
+
+def test_requests_counted_sums_the_request_counter() -> None:
+    """The per-worker balance reads inference_model_request_total of one exposition."""
+    assert requests_counted(worker(4).render()) == 5.0
