@@ -17,21 +17,25 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from tests.support.extproc import body, headers, json_body, response_body, response_headers
-from tests.support.pool import model, pod, pool, pool_yaml
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the tests package: the builders of ext_proc messages and pools
 
-from endpoint_picker.datastore import Datastore
-from endpoint_picker.datastore.sources.file import parse_pool_text
-from endpoint_picker.director import Director
-from endpoint_picker.extproc.stream import RequestStream
-from endpoint_picker.scheduling import build_scheduling, load_config
-from endpoint_picker.settings import SchedulingSettings
-from endpoint_picker.telemetry.logs import configure_logging
-from endpoint_picker.telemetry.metrics import EppMetrics
-from endpoint_picker.types import MetricsSnapshot
+from tests.support.extproc import body, headers, json_body, response_body, response_headers  # noqa: E402
+from tests.support.pool import model, pod, pool, pool_yaml  # noqa: E402
+
+from endpoint_picker.datastore import Datastore  # noqa: E402
+from endpoint_picker.datastore.sources.file import parse_pool_text  # noqa: E402
+from endpoint_picker.director import Director  # noqa: E402
+from endpoint_picker.extproc.stream import RequestStream  # noqa: E402
+from endpoint_picker.scheduling import build_scheduling, load_config  # noqa: E402
+from endpoint_picker.settings import SchedulingSettings  # noqa: E402
+from endpoint_picker.telemetry.logs import configure_logging  # noqa: E402
+from endpoint_picker.telemetry.metrics import EppMetrics  # noqa: E402
+from endpoint_picker.types import MetricsSnapshot  # noqa: E402
 
 
 def build(endpoints: int, config_text: str | None) -> tuple[Director, EppMetrics]:
