@@ -10,7 +10,9 @@ scrapers). Modes:
 - direct: Envoy round-robins over the endpoints itself, no ext_proc (the latency floor);
 - noop:   ext_proc to benchmarks/noop_extproc.py, a grpc.aio server doing no work (the
           throughput floor of DESIGN.md);
-- epp:    ext_proc to `epp serve` with the default scheduler, scraping every endpoint at 50 ms.
+- epp:    ext_proc to `epp serve` with the default scheduler, scraping every endpoint at 50 ms;
+- eppN:   the same with `--workers N` (give Envoy N threads, `--envoy-concurrency N`, so that
+          it opens N connections for the kernel to spread over the workers).
 """
 
 from __future__ import annotations
@@ -243,9 +245,24 @@ def wait_routing(url: str, within: float = 30.0) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU so far of a process and its live children (``--workers``), from
+    /proc."""
+    total = 0.0
+    for each in (pid, *_children(pid)):
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
 
 
 def run_wrk(url: str, connections: int, duration: int, tmp: Path) -> tuple[float, float, int]:
@@ -300,8 +317,9 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
                     tmp / "noop.log",
                 )
             )
-        elif mode == "epp":
+        elif mode.startswith("epp"):
             pool_file(endpoints, tmp / "pool.yaml")
+            workers = mode.removeprefix("epp") or "1"
             processor = stack.enter_context(
                 process(
                     [
@@ -319,10 +337,12 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
                         str(free_port()),
                         "--secure-serving",
                         "false",
+                        "--workers",
+                        workers,
                         "--log-level",
                         "warning",
                     ],
-                    tmp / "epp.log",
+                    tmp / f"{mode}.log",
                 )
             )
         stack.enter_context(
@@ -332,7 +352,7 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
                     "-c",
                     str(tmp / f"front-{mode}.yaml"),
                     "--concurrency",
-                    "1",
+                    str(args.envoy_concurrency),
                     "--log-level",
                     "error",
                     "--base-id",
@@ -357,7 +377,16 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=16)
     parser.add_argument("--connections", type=int, default=25)
     parser.add_argument("--duration", type=int, default=10)
-    parser.add_argument("--modes", default="direct,noop,epp")
+    parser.add_argument(
+        "--modes", default="direct,noop,epp", help="also eppN: `epp serve --workers N`"
+    )
+    parser.add_argument(
+        "--envoy-concurrency",
+        type=int,
+        default=1,
+        help="the front Envoy's worker threads (each opens its own connection to the EPP, "
+        "which is what spreads streams over EPP workers)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="alternate the modes N times")
     parser.add_argument("--backend-port", type=int, default=18000)
     parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
