@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from endpoint_picker.bench.model import BenchError, RequestSpec
+from endpoint_picker.bench.model import FAIRNESS_HEADER, BenchError, RequestSpec
 from endpoint_picker.bench.prompts import TextSource, completion_body
 
 COMPLETIONS = "/v1/completions"
@@ -139,6 +139,25 @@ def mixed_criticality(ctx: Context) -> Built:
         criticality=dict(CRITICALITIES),
         objectives={"critical": objective_ms / 1000} if objective_ms else {},
     )
+
+
+TENANTS = ("heavy", "light")
+
+
+def two_tenants(ctx: Context) -> Built:
+    """One Standard model; each request from ``heavy`` (``heavy_share``) or ``light``, named by
+    the fairness header and ``group``. Prompts are unique (no prefix shared), so caching and
+    affinity take no part: only flow control's fairness decides who is served."""
+    heavy_share = ctx.values["heavy_share"]
+    prompt_tokens, output_tokens = ctx.integer("prompt_tokens"), ctx.integer("output_tokens")
+    out: list[RequestSpec] = []
+    for i, at in enumerate(ctx.arrivals(ctx.rate, 0.0, ctx.duration)):
+        tenant = TENANTS[0] if ctx.rng.random() < heavy_share else TENANTS[1]
+        prompt = ctx.text.text(f"Tenant {tenant} request {i} ({ctx.text.tag()}): ", prompt_tokens)
+        body = completion_body(ctx.base_model, prompt, output_tokens)
+        out.append(RequestSpec(i, at, COMPLETIONS, body, {FAIRNESS_HEADER: tenant}, group=tenant,
+                               expected_output_tokens=output_tokens))  # fmt: skip
+    return Built(out, criticality={ctx.base_model: "Standard"})
 
 
 def _spread(rng: random.Random, mean: int, spread: float) -> int:

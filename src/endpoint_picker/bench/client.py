@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from endpoint_picker.bench.model import (
     ASSISTANT_PLACEHOLDER,
+    FAIRNESS_HEADER,
     BenchError,
     RequestRecord,
     RequestSpec,
@@ -124,8 +125,8 @@ class _Run:
 
     def finish(self, spec: RequestSpec, record: RequestRecord) -> None:
         model = spec.body.get("model")
-        if isinstance(model, str) and model:
-            record = replace(record, model=model)
+        tenant = spec.headers.get(FAIRNESS_HEADER, "")
+        record = replace(record, model=model if isinstance(model, str) else "", tenant=tenant)
         self.records[spec.index] = record
         if (future := self.finished.get(spec.index)) is not None:
             future.set_result(record)

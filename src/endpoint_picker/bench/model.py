@@ -36,6 +36,8 @@ class RequestSpec:
 
 
 ASSISTANT_PLACEHOLDER = "\x00previous-reply\x00"
+# The EPP's flow id (its wire key, spelled here too: the bench imports nothing of the EPP's).
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ class RequestRecord:
     error: str = ""
     reply_text: str = ""  # kept only for chat turns that a later turn follows
     model: str = ""  # the body's model (the served name), for per-model summaries
+    tenant: str = ""  # the FAIRNESS_HEADER it carried, for per-tenant summaries
 
     @property
     def per_token(self) -> float | None:

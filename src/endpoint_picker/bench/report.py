@@ -23,6 +23,7 @@ from endpoint_picker.bench.model import (
     TargetResult,
 )
 from endpoint_picker.bench.stats import ModelSummary, Summary, summarize, summarize_models
+from endpoint_picker.bench.tenants import TenantSummary, has_tenants, summarize_tenants
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -146,14 +147,22 @@ def tables(
     criticality: dict[str, str] | None = None,
 ) -> str:
     """The main table; with objectives in the plan, the per-model one after it; with
-    criticality classes (``mixed-criticality``), a per-class one."""
+    criticality classes (``mixed-criticality``), a per-class one; with fairness ids on the
+    requests (``two-tenants``), a per-tenant one."""
     text = markdown_table([summarize(r) for r in results])
     if objectives:
         rows = [m for r in results for m in summarize_models(r, objectives)]
         text += "\nPer model (objective: P95 of e2e / output tokens):\n\n" + objective_table(rows)
-    if criticality:
+    if criticality and len(criticality) > 1:  # one class alone (``two-tenants``): no contrast
         rows = [m for r in results for m in summarize_models(r, objectives)]
         text += "\nPer criticality class:\n\n" + criticality_table(rows, criticality)
+    if any(has_tenants(r) for r in results):
+        by_tenant = [t for r in results for t in summarize_tenants(r)]
+        text += (
+            "\nPer tenant (share in window: of the completions within the measured window, "
+            "the fairness figure; share of ok: of the completed requests sent in it):\n\n"
+            + tenant_table(by_tenant)
+        )
     return text
 
 
@@ -176,6 +185,31 @@ def criticality_table(summaries: Sequence[ModelSummary], criticality: dict[str, 
         )  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+_TENANT_COLUMNS = (
+    "target", "rate", "tenant", "ok/sent", "errors", "TTFT p50 (ms)", "TTFT p90 (ms)",
+    "e2e p90 (s)", "share of ok", "req/s in window", "share in window",
+)  # fmt: skip
+
+
+def tenant_table(summaries: Sequence[TenantSummary]) -> str:
+    """A row per tenant of each target and rate: who got through, who was refused, how long
+    they waited, and each tenant's share of what was served (see ``tenants``)."""
+    lines = ["| " + " | ".join(_TENANT_COLUMNS) + " |", "|" + "---|" * len(_TENANT_COLUMNS)]
+    for s in summaries:
+        errors = ", ".join(f"{k}: {v}" for k, v in s.errors.items()) or "-"
+        cells = (
+            s.target, f"{s.rate:g}", s.tenant or "-", f"{s.completed}/{s.sent}", errors,
+            _num(s.ttft_p50, 1e3, 0), _num(s.ttft_p90, 1e3, 0), _num(s.e2e_p90, 1, 2),
+            _share(s.share_of_completed), _num(s.window_per_s, 1, 1), _share(s.window_share),
+        )  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _num(value: float | None, scale: float, digits: int) -> str:

@@ -36,6 +36,12 @@ are what a router has to win:
   keep Critical and Standard within capacity (RR saturates near 65 requests/s). Its three served
   names are adapters: run the fleet with ``--max-loras 3`` or more, or slot waits (p90 TTFT 41 s
   at 40 requests/s with 2 slots) drown the criticality effect.
+- ``two-tenants`` (75% ``heavy``, 25% ``light``, one Standard model; 3,000 unique tokens in,
+  200 out): the step model puts 2 servers' capacity near 14 requests/s (KV-bound: ~135 such
+  requests fit one server's cache, ~95 ms steps), an estimate not yet measured (the same
+  arithmetic gives ~33/s for mixed-criticality on 2 servers, where ~28 was measured). At 28/s
+  ``light`` alone asks for half of what the fleet completes or more: round-robin fairness
+  should give it about half of the dispatches, global FIFO its 25% of the arrivals.
 
 Long prompts and outputs keep RR's saturation between about 18 and 65 requests/s everywhere:
 each request is real GPU work, so the 2 cores that also run the load generator, Envoy and the
@@ -193,6 +199,17 @@ _INFOS = (
             ),
         ),
         builders.mixed_criticality,
+    ),
+    WorkloadInfo(
+        "two-tenants",
+        "tenants `heavy` and `light` (x-gateway-inference-fairness-id) of one Standard model, "
+        "3:1 by default: flow control's fairness under saturation; a per-tenant table follows",
+        (
+            Param("heavy_share", 0.75, "share of requests from `heavy`; `light` the rest", 0, 1),
+            _tokens("prompt_tokens", 3000, "prompt tokens (unique per request)"),
+            _tokens("output_tokens", 200, "output tokens per request"),
+        ),
+        builders.two_tenants,
     ),
 )
 WORKLOADS: dict[str, WorkloadInfo] = {info.name: info for info in _INFOS}

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from endpoint_picker.bench.model import BenchError, WorkloadPlan
+from endpoint_picker.bench.model import FAIRNESS_HEADER, BenchError, WorkloadPlan
 from endpoint_picker.bench.workloads import WORKLOADS, Param, generate
 
 # Small prompts keep every plan cheap; the structure does not depend on the sizes.
@@ -19,6 +19,7 @@ _SMALL: dict[str, dict[str, str]] = {
     "long-prefill": {"prompt_tokens": "64"},
     "decode-heavy": {"output_tokens": "100"},
     "mixed-criticality": {"prompt_tokens": "32"},
+    "two-tenants": {"prompt_tokens": "32", "output_tokens": "10"},
 }
 
 
@@ -132,6 +133,35 @@ def test_mixed_criticality_serves_three_tiers() -> None:
     assert models["standard"] / n == pytest.approx(0.4, abs=0.03)
 
 
+def test_two_tenants_name_themselves_in_the_fairness_header() -> None:
+    """Every request carries heavy or light in the fairness header (and as its group), heavy
+    at heavy_share; one Standard model, no adapters; no two prompts share a first block."""
+    plan = _plan("two-tenants", rate=100.0, duration=40.0)
+    tenants = Counter(r.headers[FAIRNESS_HEADER] for r in plan.requests)
+    assert set(tenants) == {"heavy", "light"}
+    assert tenants["heavy"] / len(plan.requests) == pytest.approx(0.75, abs=0.03)
+    assert all(r.group == r.headers[FAIRNESS_HEADER] for r in plan.requests)
+    assert {r.body["model"] for r in plan.requests} == {plan.base_model}
+    assert plan.adapters == ()
+    assert plan.criticality == {plan.base_model: "Standard"}
+    assert {r.body["max_tokens"] for r in plan.requests} == {10}
+    assert {len(r.body["prompt"]) for r in plan.requests} == {4 * 32}
+    assert len({r.body["prompt"][:64] for r in plan.requests}) == len(plan.requests)
+
+
+def test_two_tenants_share_moves_no_arrival() -> None:
+    """heavy_share changes who sends, never when: the arrivals stay those of the seed; the
+    extremes give one tenant everything."""
+    plan = _plan("two-tenants", rate=50.0, duration=20.0)
+    even = _plan("two-tenants", rate=50.0, duration=20.0, heavy_share="0.5")
+    assert [r.at for r in even.requests] == [r.at for r in plan.requests]
+    shares = Counter(r.headers[FAIRNESS_HEADER] for r in even.requests)
+    assert shares["heavy"] / len(even.requests) == pytest.approx(0.5, abs=0.06)
+    for share, only in (("1", "heavy"), ("0", "light")):
+        one = _plan("two-tenants", rate=50.0, duration=20.0, heavy_share=share)
+        assert {r.headers[FAIRNESS_HEADER] for r in one.requests} == {only}
+
+
 def test_unique_workloads_vary_the_long_side() -> None:
     """long-prefill varies prompt lengths, decode-heavy output lengths, within the spread;
     no two prompts share a first block."""
@@ -182,6 +212,7 @@ def test_generation_is_fast() -> None:
         ("multi-lora", {"skew": "11"}, "skew=11: must be at most 10"),
         ("hot-prefix", {"groups": "1"}, "groups=1: must be at least 2"),
         ("hot-prefix", {"hot_share": "1.5"}, "hot_share=1.5: must be at most 1"),
+        ("two-tenants", {"heavy_share": "1.5"}, "heavy_share=1.5: must be at most 1"),
         ("chat", {"think_time": "soon"}, "think_time=soon: expected a number"),
         ("mixed-criticality", {"critical_share": "0.7", "sheddable_share": "0.5"},
          "critical_share \\+ sheddable_share must be at most 1"),
