@@ -26,7 +26,7 @@ import os
 import shutil
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,7 +51,8 @@ STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
 FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
 FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
 TARGET_FORMS = (
-    "rr, lr, epp, epp=PATH.yaml, Nxepp[=PATH.yaml] (N replicas), vllm-router[:POLICY], "
+    "rr, lr, epp, epp=PATH.yaml, Nxepp[=PATH.yaml] (N replicas), any epp form + @wN (N "
+    "worker processes each), vllm-router[:POLICY], "
     "sglang-router[:POLICY]"
 )
 _MAX_REPLICAS = 8
@@ -131,6 +132,7 @@ class StackSpec:
     policy: str | None = None  # the peer routers' --policy
     replicas: int = 1  # Nxepp: N EPP processes behind one Envoy, each learning on its own
     epp_env: tuple[tuple[str, str], ...] = ()  # extra environment of the EPP processes only
+    workers: int = 1  # epp@wN: each EPP runs `epp serve --workers N`
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,13 @@ def parse_targets(text: str) -> list[StackSpec]:
 
 
 def _parse_one(entry: str) -> StackSpec:
+    base, at, workers = entry.rpartition("@w")
+    if at and workers.isdigit() and (base == "epp" or base.startswith(("epp=", "epp@"))
+                                     or "xepp" in base):  # fmt: skip
+        if not 1 <= int(workers) <= _MAX_REPLICAS:
+            raise BenchError(f"--stack: {entry!r}: 1 to {_MAX_REPLICAS} workers")
+        spec = _parse_one(base)
+        return replace(spec, name=entry, workers=int(workers))
     count, x, rest = entry.partition("x")
     if x and count.isdigit() and (rest == "epp" or rest.startswith("epp=")):
         replicas = int(count)
@@ -338,6 +347,8 @@ def _epp_argv(spec: StackSpec, pool: Path, ports: Sequence[int]) -> list[str]:
             "--drain-timeout", "1s"]  # fmt: skip
     if spec.config_file is not None:
         argv += ["--config-file", str(spec.config_file)]
+    if spec.workers > 1:
+        argv += ["--workers", str(spec.workers)]
     return argv
 
 

@@ -17,6 +17,7 @@ from endpoint_picker.bench.stacks import (
     FleetOptions,
     StackSpec,
     _envoy_config,
+    _epp_argv,
     find_envoy,
     parse_targets,
     pool_file,
@@ -86,6 +87,19 @@ def test_parse_targets_epp_replicas(config_file: Path) -> None:
     assert configured == StackSpec(
         f"3xepp={config_file}", "epp", config_file=config_file.resolve(), replicas=3
     )
+
+
+def test_parse_targets_epp_workers(config_file: Path) -> None:
+    """Any epp form + @wN: each EPP process runs `epp serve --workers N`."""
+    plain, configured, both = parse_targets(f"epp@w2,epp={config_file}@w3,2xepp@w2")
+    assert plain == StackSpec("epp@w2", "epp", workers=2)
+    assert configured == StackSpec(
+        f"epp={config_file}@w3", "epp", config_file=config_file.resolve(), workers=3
+    )
+    assert both == StackSpec("2xepp@w2", "epp", replicas=2, workers=2)
+    assert "--workers" not in _epp_argv(StackSpec("epp", "epp"), config_file, [1, 2, 3])
+    argv = _epp_argv(plain, config_file, [1, 2, 3])
+    assert argv[argv.index("--workers") + 1] == "2"
 
 
 def test_envoy_config_balances_over_every_replica() -> None:
