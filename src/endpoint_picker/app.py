@@ -470,6 +470,11 @@ class App:
             return "pool file change refused; serving the last good pool"
         return None
 
+    def kill_workers(self) -> None:
+        """SIGKILL the worker processes, if this app has any (before ``os._exit``)."""
+        if self._routers is not None:
+            self._routers.kill()
+
     def request_stop(self) -> None:
         self._stopping.set()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import signal
 import sys
@@ -70,10 +71,20 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """CPUs the cgroup v2 quota allows, rounded up (a large number when unlimited or unknown)."""
+    try:
+        quota, _, period = Path(path).read_text(encoding="ascii").partition(" ")
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError, ZeroDivisionError):  # "max", no cgroup v2, or unreadable
+        return 1 << 16
+
+
 def _workers(text: str) -> int:
-    """``N`` >= 1, or ``auto``: the cores this process may run on."""
+    """``N`` >= 1, or ``auto``: the cores this process may run on, capped by the cgroup's CPU
+    quota (a pod limited to 2 CPUs on a 64-core node gets 2 workers, not 64)."""
     if text.strip() == "auto":
-        return len(os.sched_getaffinity(0))
+        return max(1, min(len(os.sched_getaffinity(0)), _cgroup_cpus()))
     try:
         value = int(text)
     except ValueError:
@@ -476,6 +487,7 @@ async def _serve(settings: Settings) -> None:
             app.request_stop()  # drain
         else:  # a second Ctrl-C / SIGTERM: the operator wants out now
             print("epp: second signal, exiting without draining", file=sys.stderr)
+            app.kill_workers()  # or they would drain on their own, holding the port
             os._exit(1)
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -48,7 +48,7 @@ from endpoint_picker.requests import (
     normalize_path,
     parse_request,
 )
-from endpoint_picker.scheduling import SaturationDetector, SchedulingResult
+from endpoint_picker.scheduling import SaturationDetector, SchedulingResult, room_finder
 from endpoint_picker.scheduling.lifecycle import Lifecycle
 from endpoint_picker.types import Criticality, EndpointState, parse_hostport
 
@@ -196,6 +196,7 @@ class Director:
         self._extra_paths = frozenset(normalize_path(p) for p in extra_paths)
         self._scheduler = scheduler
         self._saturation = saturation
+        self._with_room = room_finder(saturation)
         self._allow_unknown = allow_unknown_models
         self._rng = rng or random.Random()
 
@@ -424,7 +425,7 @@ class Director:
                 f"the pool is saturated; sheddable request for {clip(request.model)!r} dropped"
             )
         if not shed:  # flow control: only where there is room, so waiting stays in its queues
-            candidates = tuple(self._saturation.with_room(candidates)) or candidates
+            candidates = tuple(self._with_room(candidates)) or candidates
         result = self._scheduler.schedule(request, candidates)
         if not result.endpoints:
             raise ServiceUnavailableError("no endpoint passed the scheduler's filters")

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.extproc import Client, body, headers, json_body, lb_metadata
 from tests.support.model_servers import fake_model_servers
@@ -197,3 +198,32 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
         assert epp.proc.returncode == 0, epp.log.read_text()[-3000:]
         assert not [pid for pid in all_pids if running(pid)]
         assert sum(1 for line in epp.lines() if line.get("event") == "stopped") == 3
+
+
+async def test_a_second_signal_ends_the_parent_and_every_worker_at_once(tmp_path: Path) -> None:
+    """SIGTERM twice: the parent exits 1 without draining, and kills its workers first (left
+    alone they would drain for --drain-timeout, holding the port)."""
+    async with (
+        fake_model_servers(ADDRESSES) as servers,
+        epp_workers(
+            tmp_path,
+            pool_yaml(pool(port=servers[0].port), model("m"), pod("p0", ADDRESSES[0])),
+        ) as epp,
+    ):
+        serving = await epp.wait_for(lambda e: e.get("event") == "endpoint picker serving", 30)
+        pids = list(epp.worker_pids().values())
+        assert len(pids) == 2
+        address = f"127.0.0.1:{serving['ext_proc_port']}"
+        async with grpc.aio.insecure_channel(address) as channel:
+            open_stream = pb_grpc.ExternalProcessorStub(channel).Process()
+            await open_stream.write(headers())  # a request still open: a drain would wait on it
+            epp.proc.send_signal(signal.SIGTERM)
+            await epp.wait_for(lambda e: e.get("event") == "draining", 10)
+            epp.proc.send_signal(signal.SIGTERM)  # two at once would merge into one
+            await epp.exited(10)
+            assert epp.proc.returncode == 1
+            deadline = time.monotonic() + 1.0  # SIGKILL is immediate; the drain would take 2 s
+            while any(running(pid) for pid in pids):
+                assert time.monotonic() < deadline, "a worker outlived the parent"
+                await asyncio.sleep(0.05)
+            open_stream.cancel()

@@ -33,7 +33,7 @@ from endpoint_picker.scheduling.framework import (
     Scorer,
 )
 from endpoint_picker.scheduling.registry import Params, PluginContext, PluginRegistry
-from endpoint_picker.scheduling.saturation import SaturationDetector
+from endpoint_picker.scheduling.saturation import RoomDetector, SaturationDetector, room_finder
 
 __all__ = [
     "EndpointPickerConfig",
@@ -43,6 +43,7 @@ __all__ = [
     "PluginContext",
     "PluginRegistry",
     "ProfileHandler",
+    "RoomDetector",
     "SaturationDetector",
     "Scheduler",
     "SchedulerObserver",
@@ -55,4 +56,5 @@ __all__ = [
     "default_registry",
     "describe",
     "load_config",
+    "room_finder",
 ]

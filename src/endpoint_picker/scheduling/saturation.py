@@ -21,11 +21,29 @@ class SaturationDetector(Protocol):
         """True when no candidate has room; an empty candidate list is saturated."""
         ...
 
+
+@runtime_checkable
+class RoomDetector(Protocol):
+    """A detector that can also say which candidates have room (the built-in ones do)."""
+
     def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
         """The candidates that have room, in order (empty exactly when ``is_saturated``).
         Flow control schedules its requests among these, so that waiting happens in the
         EPP's priority queues rather than in a server's first-come queue."""
         ...
+
+
+def room_finder(
+    detector: SaturationDetector,
+) -> Callable[[Sequence[EndpointState]], Sequence[EndpointState]]:
+    """``detector.with_room``; for a detector without it, all candidates or none."""
+    if isinstance(detector, RoomDetector):
+        return detector.with_room
+
+    def all_or_none(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        return () if detector.is_saturated(candidates) else candidates
+
+    return all_or_none
 
 
 class UtilizationDetector:

@@ -111,6 +111,8 @@ async def _run(channel_fd: int, table_fd: int) -> int:
                 await worker.apply(await read_message(reader))
         except ChannelClosed:
             log.info("parent channel closed; draining")
+        except Exception:  # a frame we cannot apply: never serve a frozen pool silently
+            log.exception("cannot apply the parent's update; draining")
         stop.set()
 
     follower: asyncio.Task[None] | None = None

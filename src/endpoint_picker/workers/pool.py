@@ -11,6 +11,9 @@ processes of the same user that also ask for SO_REUSEPORT could still join (Linu
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -69,7 +72,8 @@ def hold_port(host: str, port: int) -> tuple[socket.socket, int]:
         probe.close()
     holder = socket.socket(family, socket.SOCK_STREAM)
     try:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # SO_REUSEPORT only: with SO_REUSEADDR too, another parent's probe (which sets it)
+        # could bind the port while this holder is not listening
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         holder.bind((address[0], port, *address[2:]))
     except OSError as exc:
@@ -194,6 +198,12 @@ class WorkerPool(Collector):
             requests.add_metric([str(index)], requests_counted(text))
         yield restarts
         yield requests
+
+    def kill(self) -> None:
+        if self._supervisor is not None:
+            for pid in self._supervisor.pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     async def drain(self, grace: float) -> None:
         if self._supervisor is not None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from tests.unit.scheduling.builders import clock, endpoint, request
 
+from endpoint_picker.scheduling import room_finder
 from endpoint_picker.scheduling.plugins import StaleMetricsFilter, UtilizationDetector
 from endpoint_picker.types import EndpointState
 
@@ -76,3 +79,19 @@ def test_utilization_detector_thresholds_are_configurable() -> None:
     )
     assert strict.is_saturated([ok(queue=1, kv=0.0, age=0.0)])
     assert not strict.is_saturated([ok(queue=0, kv=0.05, age=4.0)])
+
+
+def test_a_detector_without_with_room_gives_all_candidates_or_none() -> None:
+    """A custom detector with only is_saturated still works under flow control."""
+
+    class OnlySaturation:
+        def __init__(self, saturated: bool) -> None:
+            self.saturated = saturated
+
+        def is_saturated(self, candidates: Sequence[EndpointState]) -> bool:
+            return self.saturated
+
+    candidates = [ok(), ok(queue=9)]
+    assert list(room_finder(OnlySaturation(False))(candidates)) == candidates
+    assert not room_finder(OnlySaturation(True))(candidates)
+    assert room_finder(DETECTOR)(candidates) == [candidates[0]]

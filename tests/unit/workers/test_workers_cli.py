@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from endpoint_picker.cli import build_parser, settings_from_args
+from endpoint_picker.cli import _cgroup_cpus, build_parser, settings_from_args
 
 
 def workers(*flags: str) -> int:
@@ -17,7 +18,7 @@ def workers(*flags: str) -> int:
 def test_the_default_is_one_process_and_auto_is_the_usable_cores() -> None:
     """No flag: 1; `auto`: the cores this process may run on; a number is taken as is."""
     assert workers() == 1
-    assert workers("--workers", "auto") == len(os.sched_getaffinity(0))
+    assert workers("--workers", "auto") == min(len(os.sched_getaffinity(0)), _cgroup_cpus())
     assert workers("--workers", "3") == 3
 
 
@@ -28,3 +29,20 @@ def test_a_bad_count_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[
         build_parser().parse_args(["serve", "--pool-file", "p.yaml", "--workers", value])
     assert exited.value.code == 2
     assert "argument --workers: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "cpus"),
+    [
+        ("200000 100000\n", 2),
+        ("150000 100000\n", 2),
+        ("50000 100000\n", 1),
+        ("max 100000\n", 1 << 16),
+    ],
+)
+def test_auto_is_capped_by_the_cgroup_quota(tmp_path: Path, content: str, cpus: int) -> None:
+    """A pod limited to 1.5 CPUs runs 2 workers, not one per core of the node."""
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text(content)
+    assert _cgroup_cpus(str(cpu_max)) == cpus
+    assert _cgroup_cpus(str(tmp_path / "missing")) == 1 << 16

@@ -34,6 +34,13 @@ def test_the_held_port_admits_reuseport_workers_and_refuses_others() -> None:
             foreign.bind(("127.0.0.1", port))
 
 
+def test_a_second_parent_cannot_take_a_held_port() -> None:
+    """Before any worker listens, a second `epp serve --workers` on the same port fails."""
+    holder, port = hold_port("127.0.0.1", 0)
+    with holder, pytest.raises(ConfigError, match="cannot listen on"):
+        hold_port("127.0.0.1", port)
+
+
 async def test_health_serves_only_while_the_parent_is_ready_and_a_worker_serves() -> None:
     """Ready needs both; losing every worker turns it NOT_SERVING; workers hear the parent."""
     told: list[bool] = []
