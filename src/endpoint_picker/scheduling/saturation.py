@@ -7,6 +7,7 @@ saturated. Declared in the config's ``plugins`` list like the reference EPP's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -54,9 +55,14 @@ class UtilizationDetector:
     shedding is for the pool's health, not for the one request. The queue counted is the
     scraped one plus the requests the EPP routed there since that scrape: a burst inside one
     scrape interval (or flow control releasing its queue) cannot all pass on one stale reading.
+
+    ``runningRequestsThreshold`` (off unless set) also counts an endpoint running more requests
+    than that (plus those routed since the scrape) as saturated: with flow control it keeps
+    server batches below their maximum, so a Critical request finds a free slot and a short
+    decode step rather than a full batch (a full batch's step time bounds its first token).
     """
 
-    __slots__ = ("_clock", "_inflight", "_kv", "_queue", "_staleness")
+    __slots__ = ("_clock", "_inflight", "_kv", "_queue", "_running", "_staleness")
 
     def __init__(
         self,
@@ -64,11 +70,13 @@ class UtilizationDetector:
         queue_depth_threshold: float = 5,
         kv_cache_util_threshold: float = 0.8,
         metrics_staleness_threshold: float = 0.2,
+        running_requests_threshold: float = math.inf,
         clock: Callable[[], float],
         inflight: InFlight | None = None,
     ) -> None:
         self._inflight = inflight or InFlight(clock)
         self._queue = queue_depth_threshold
+        self._running = running_requests_threshold
         self._kv = kv_cache_util_threshold
         self._staleness = metrics_staleness_threshold
         self._clock = clock
@@ -79,6 +87,9 @@ class UtilizationDetector:
             queue_depth_threshold=params.number("queueDepthThreshold", 5, minimum=0),
             kv_cache_util_threshold=params.number("kvCacheUtilThreshold", 0.8, minimum=0),
             metrics_staleness_threshold=params.duration("metricsStalenessThreshold", 0.2),
+            running_requests_threshold=params.number(
+                "runningRequestsThreshold", math.inf, minimum=1
+            ),
             clock=ctx.clock,
             inflight=ctx.inflight,
         )
@@ -93,14 +104,14 @@ class UtilizationDetector:
 
     def _has_room(self) -> Callable[[EndpointState], bool]:
         oldest = max(self._clock() - self._staleness, 1e-9)
-        queue, kv, routed_since = self._queue, self._kv, self._inflight.routed_since
+        queue, kv, running = self._queue, self._kv, self._running
+        routed_since = self._inflight.routed_since
 
         def has_room(e: EndpointState) -> bool:
             m = e.metrics
-            return (
-                m.updated_at >= oldest
-                and m.kv_cache_usage <= kv
-                and m.waiting_queue_size + routed_since(e.hostport, m.updated_at) <= queue
-            )
+            if m.updated_at < oldest or m.kv_cache_usage > kv:
+                return False
+            since = routed_since(e.hostport, m.updated_at)
+            return m.waiting_queue_size + since <= queue and m.running_requests + since <= running
 
         return has_room

@@ -95,3 +95,13 @@ def test_a_detector_without_with_room_gives_all_candidates_or_none() -> None:
     assert list(room_finder(OnlySaturation(False))(candidates)) == candidates
     assert not room_finder(OnlySaturation(True))(candidates)
     assert room_finder(DETECTOR)(candidates) == [candidates[0]]
+
+
+def test_running_requests_threshold_keeps_room_below_a_full_batch() -> None:
+    """Off by default; set, an endpoint running more than it (plus requests routed there since
+    the scrape) has no room, so flow control holds requests back before batches are full."""
+    busy, light = endpoint(running=40, queue=0), endpoint(running=10, queue=0)
+    assert DETECTOR.with_room([busy, light]) == [busy, light]
+    capped = UtilizationDetector(running_requests_threshold=32, clock=clock)
+    assert capped.with_room([busy, light]) == [light]
+    assert capped.is_saturated([busy])
