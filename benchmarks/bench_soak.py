@@ -466,8 +466,10 @@ def _plan() -> WorkloadPlan:
 
 
 @contextlib.asynccontextmanager
-async def _stack(out: Path, epp_env: tuple[tuple[str, str], ...] = ()) -> Any:
-    spec = StackSpec("epp", "epp", epp_env=epp_env)
+async def _stack(
+    out: Path, epp_env: tuple[tuple[str, str], ...] = (), graceful_close: bool = False
+) -> Any:
+    spec = StackSpec("epp", "epp", epp_env=epp_env, graceful_close=graceful_close)
     async with (
         running_stack(spec, FleetOptions(), _plan(), out / "logs") as stack,
         aiohttp.ClientSession(
@@ -508,7 +510,10 @@ def _step_problems(tally: Tally, rate: float, row: dict[str, Any], ttft_bound: f
 async def find_max(args: argparse.Namespace, out: Path) -> tuple[float, list[dict[str, Any]]]:
     """The ramp on one stack; the highest rate before the first failing step (0: none)."""
     best, steps = 0.0, []
-    async with _stack(out, tuple(args.epp_env)) as (stack, session):
+    async with _stack(out, tuple(args.epp_env), args.ext_proc_graceful_close) as (
+        stack,
+        session,
+    ):
         client = Client(stack.url, session)
         print(f"find-max: {args.step:g} s per step, TTFT p90 bound {args.ttft_p90:g} s", flush=True)
         for i, rate in enumerate(args.ramp):
@@ -549,7 +554,10 @@ async def find_max(args: argparse.Namespace, out: Path) -> tuple[float, list[dic
 
 async def soak(args: argparse.Namespace, out: Path, rate: float) -> tuple[Tally, list[Any], float]:
     """The soak on a fresh stack; returns the tally, the samples and when the load stopped."""
-    async with _stack(out, tuple(args.epp_env)) as (stack, session):
+    async with _stack(out, tuple(args.epp_env), args.ext_proc_graceful_close) as (
+        stack,
+        session,
+    ):
         tally = Tally()
         sampler = Sampler(stack, session, tally)
         client = Client(stack.url, session)
@@ -840,6 +848,11 @@ def main() -> int:
     a("--step", type=float, default=30.0, help="seconds per ramp step (default 30)")
     a("--ttft-p90", type=float, default=0.5, help="the ramp's TTFT p90 bound, seconds")
     a("--seed", type=int, default=1)
+    a(
+        "--ext-proc-graceful-close",
+        action="store_true",
+        help="Envoy half-closes ext_proc streams instead of resetting them (docs/envoy.md)",
+    )
     a(
         "--epp-env",
         type=_env_pair,

@@ -171,6 +171,26 @@ def _transport_socket(
     return "\n".join(lines)
 
 
+def _runtime_layer(graceful_close: bool) -> str:
+    """Envoy's runtime guard for closing ext_proc streams gracefully, when asked for."""
+    if not graceful_close:
+        return (
+            "# ext_proc streams end with a reset (Envoy's default); --ext-proc-graceful-close\n"
+            "# would half-close them instead (docs/envoy.md, item 6: it stops a memory leak in\n"
+            "# the EPP, but crashed Envoy 1.40 once in our overload runs)."
+        )
+    return "\n".join([
+        "# Close each ext_proc stream gracefully (half-close, then wait up to 1 s for the EPP's",
+        "# status) instead of resetting it: grpcio's aio server leaks native memory for every",
+        "# reset stream (grpc/grpc#43360). Experimental in Envoy: see docs/envoy.md, item 6.",
+        "layered_runtime:",
+        "  layers:",
+        "  - name: static",
+        "    static_layer:",
+        "      envoy.reloadable_features.ext_proc_graceful_grpc_close: true",
+    ])  # fmt: skip
+
+
 def substitute(template: str, values: dict[str, str]) -> str:
     """``string.Template`` substitution; multi-line values are indented to their column."""
     missing = sorted(set(_PLACEHOLDER.findall(template)) - values.keys())
@@ -221,6 +241,7 @@ def render(
     num_retries: int = DEFAULT_NUM_RETRIES,
     inference_paths: Sequence[str] = (),
     max_headers_count: int = DEFAULT_MAX_HEADERS_COUNT,
+    ext_proc_graceful_close: bool = False,
     template_dir: Path | None = None,
 ) -> str:
     """The Envoy bootstrap YAML of ``variant``; ``EnvoyConfigError`` on a bad input.
@@ -233,6 +254,8 @@ def render(
     certificate against that CA and ``epp_sni``.
     ``inference_paths`` are routed besides the OpenAI inference APIs (give the EPP the same
     paths with ``--extra-inference-path``); every other path is a 404 at Envoy.
+    ``ext_proc_graceful_close`` turns on Envoy's runtime guard that half-closes ext_proc
+    streams instead of resetting them (docs/envoy.md, item 6).
     """
     template = load_template(variant, template_dir)
     if max_request_bytes < 1:
@@ -263,6 +286,7 @@ def render(
         "inference_routes": _routes_block(inference_paths),
         "max_headers_count": str(max_headers_count),
         "pool_endpoints": _endpoints_block(endpoints) if variant == "fallback" else "",
+        "runtime_layer": _runtime_layer(ext_proc_graceful_close),
     }
     return substitute(template, values)
 
@@ -312,6 +336,12 @@ def build_parser(prog: str = "epp envoy-config") -> argparse.ArgumentParser:
         help="forward requests when the EPP fails (default false: FailClose)",
     )
     add("--message-timeout", type=float, default=DEFAULT_MESSAGE_TIMEOUT, help="seconds")
+    add(
+        "--ext-proc-graceful-close",
+        action="store_true",
+        help="half-close ext_proc streams instead of resetting them (stops a memory leak in "
+        "the EPP; experimental in Envoy, see docs/envoy.md)",
+    )
     add("--stream-idle-timeout", type=float, default=DEFAULT_STREAM_IDLE_TIMEOUT, help="seconds")
     add("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT, help="seconds")
     add(
@@ -364,6 +394,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "epp envoy-config") -> i
             num_retries=args.num_retries,
             inference_paths=args.inference_paths,
             max_headers_count=args.max_headers_count,
+            ext_proc_graceful_close=args.ext_proc_graceful_close,
             template_dir=args.template_dir,
         )
     except EnvoyConfigError as exc:

@@ -130,3 +130,18 @@ def test_multi_line_values_are_indented_to_their_placeholder() -> None:
     """A block placeholder alone on its line gets every line at the placeholder's column."""
     text = envoy_config.substitute("a:\n  ${block}\nb: ${x}\n", {"block": "c: 1\nd: 2", "x": "3"})
     assert yaml.safe_load(text) == {"a": {"c": 1, "d": 2}, "b": 3}
+
+
+@pytest.mark.parametrize("variant", ["reference", "fallback", "buffered"])
+def test_graceful_ext_proc_close_is_opt_in(variant: str) -> None:
+    """Envoy's graceful-close runtime guard is rendered only when asked for (it stops a native
+    leak in grpcio, but crashed Envoy 1.40 once under overload)."""
+    key = "envoy.reloadable_features.ext_proc_graceful_grpc_close"
+    plain = yaml.safe_load(render(variant, endpoints=["127.0.0.2:8000"]))
+    assert "layered_runtime" not in plain
+    graceful = yaml.safe_load(
+        render(variant, endpoints=["127.0.0.2:8000"], ext_proc_graceful_close=True)
+    )
+    assert graceful["layered_runtime"]["layers"][0]["static_layer"] == {key: True}
+    del graceful["layered_runtime"]
+    assert graceful == plain

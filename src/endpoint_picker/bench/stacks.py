@@ -133,6 +133,7 @@ class StackSpec:
     replicas: int = 1  # Nxepp: N EPP processes behind one Envoy, each learning on its own
     epp_env: tuple[tuple[str, str], ...] = ()  # extra environment of the EPP processes only
     workers: int = 1  # epp@wN: each EPP runs `epp serve --workers N`
+    graceful_close: bool = False  # Envoy half-closes ext_proc streams (docs/envoy.md, item 6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +365,7 @@ def _envoy_config(
         text = envoy_config.render(
             "reference", listen_address=FRONT_ADDRESS, listen_port=listen,
             admin_address=FRONT_ADDRESS, admin_port=admin, epp_address=FRONT_ADDRESS,
-            epp_port=epps[0],
+            epp_port=epps[0], ext_proc_graceful_close=spec.graceful_close,
         )  # fmt: skip
         return text if len(epps) == 1 else _more_epps(text, epps)
     endpoints = [(a, port) for a in addresses]
