@@ -7,6 +7,8 @@ count things (running requests, open streams, buffered bytes, queue sizes, event
 Families that describe one process or the pool rather than traffic (``process_*``,
 ``python_*``, the pool gauges, the pool source's reload outcomes) come from the parent alone:
 the workers hold the same pool, and a sum of start times or of pool averages means nothing.
+A worker that dies leaves its last counters and histograms in a retired sum (``cumulative_only``),
+and one that misses an ask keeps its previous answer, so merged totals never go down.
 
 prometheus_client's multiprocess mode was the alternative: it cannot serve our custom
 collectors (``LoopHistogram``, the pool collector) nor callback gauges (``set_function``).
@@ -64,6 +66,18 @@ def merge_expositions(parent: bytes, workers: Sequence[bytes]) -> bytes:
     for name, family in merged.items():
         family.samples = list(sums[name].values())
     return generate_latest(_Families(merged.values()))
+
+
+def cumulative_only(text: bytes) -> bytes:
+    """Only the counters, histograms and summaries of an exposition (not the parent-only
+    families): what a dead worker leaves behind so that merged totals never go down."""
+    kept = [
+        family
+        for family in text_string_to_metric_families(text.decode("utf-8"))
+        if family.type in ("counter", "histogram", "summary")
+        and not family.name.startswith(PARENT_ONLY)
+    ]
+    return generate_latest(_Families(kept))
 
 
 def requests_counted(text: bytes) -> float:

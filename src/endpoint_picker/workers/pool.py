@@ -28,7 +28,7 @@ from endpoint_picker.extproc.server import HealthState
 from endpoint_picker.settings import Settings
 from endpoint_picker.status.decisions import DEFAULT_SIZE
 from endpoint_picker.workers.fanout import Publisher
-from endpoint_picker.workers.merge import merge_expositions, requests_counted
+from endpoint_picker.workers.merge import cumulative_only, merge_expositions, requests_counted
 from endpoint_picker.workers.supervisor import Supervisor
 from endpoint_picker.workers.table import InFlightTable, SlotMap, TableCounts
 
@@ -105,6 +105,9 @@ class WorkerPool(Collector):
         self._inflight = TableCounts(self._table, self._slots)
         self._decisions = MergedDecisions()
         self._expositions: dict[int, bytes] = {}
+        # per worker row: (its restart count when collected, its last exposition)
+        self._last: dict[int, tuple[int, bytes]] = {}
+        self._retired = b""  # dead workers' last counters and histograms, summed
         self._supervisor: Supervisor | None = None
         self._holder: socket.socket | None = None
         self._serving: set[int] = set()
@@ -160,9 +163,15 @@ class WorkerPool(Collector):
             *(link.ask("decisions", ASK_TIMEOUT) for link in links),
         )
         metrics, decisions = answers[: len(links)], answers[len(links) :]
-        self._expositions = {
-            link.index: text for link, text in zip(links, metrics, strict=True) if text
-        }
+        restarts = self._supervisor.restarts if self._supervisor is not None else []
+        for index, (generation, text) in list(self._last.items()):
+            if index < len(restarts) and restarts[index] != generation:  # that process died
+                self._retired = merge_expositions(self._retired, [cumulative_only(text)])
+                del self._last[index]
+        for link, answer in zip(links, metrics, strict=True):
+            if answer:  # no answer in time: its previous one stands
+                self._last[link.index] = (restarts[link.index], answer)
+        self._expositions = {index: text for index, (_, text) in self._last.items()}
         merged = [
             {**item, "worker": link.index}
             for link, items in zip(links, decisions, strict=True)
@@ -172,7 +181,8 @@ class WorkerPool(Collector):
         self._decisions.items = merged[:DEFAULT_SIZE]
 
     def render(self, own: bytes) -> bytes:
-        return merge_expositions(own, [self._expositions[i] for i in sorted(self._expositions)])
+        live = [self._expositions[i] for i in sorted(self._expositions)]
+        return merge_expositions(own, [*live, self._retired])
 
     def collect(self) -> Iterator[Metric]:
         serving = GaugeMetricFamily(

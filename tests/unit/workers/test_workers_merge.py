@@ -5,7 +5,7 @@ from __future__ import annotations
 import prometheus_client
 
 from endpoint_picker.telemetry.metrics import EppMetrics, PoolStats
-from endpoint_picker.workers.merge import merge_expositions, requests_counted
+from endpoint_picker.workers.merge import cumulative_only, merge_expositions, requests_counted
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -65,3 +65,20 @@ def test_merging_one_exposition_changes_nothing() -> None:
 def test_requests_counted_sums_the_request_counter() -> None:
     """The per-worker balance reads inference_model_request_total of one exposition."""
     assert requests_counted(worker(4).render()) == 5.0
+
+
+def test_a_dead_workers_counters_stay_in_the_sum_and_its_gauges_leave() -> None:
+    """cumulative_only keeps counters and histograms only: merged with a replacement worker's
+    fresh exposition, request totals never go down and running requests are the live ones."""
+    parent = EppMetrics(lambda: PoolStats("pool", 0.5, 2.0, 3)).render()
+    labels = '{model_name="m",target_model_name="m"}'
+    before = samples(merge_expositions(parent, [worker(2).render(), worker(3).render()]))
+    retired = cumulative_only(worker(3).render())
+    assert "inference_model_running_requests" not in retired.decode()
+    assert "inference_pool_" not in retired.decode()
+    after = samples(merge_expositions(parent, [worker(2).render(), worker(0).render(), retired]))
+    assert (
+        after[f"inference_model_request_total{labels}"]
+        == before[f"inference_model_request_total{labels}"] + 1
+    )  # the replacement's one running request was counted when it started
+    assert after['inference_model_running_requests{model_name="m"}'] == 2.0  # live workers only
