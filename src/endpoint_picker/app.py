@@ -53,6 +53,7 @@ from endpoint_picker.status import (
     StatusView,
 )
 from endpoint_picker.telemetry.metrics import EppMetrics, PoolStats
+from endpoint_picker.telemetry.tasks import guarded
 
 if TYPE_CHECKING:  # imported when used: only a Kubernetes deployment loads the client
     from endpoint_picker.datastore.sources.kubernetes import (
@@ -291,16 +292,8 @@ class App:
         )
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(self._guard(name, coro), name=name)
+        task = asyncio.create_task(guarded(name, coro), name=name)
         self._tasks.append(task)
-
-    async def _guard(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("background task failed", task=name)
 
     def _load_tls(self) -> tuple[tuple[bytes, bytes] | None, bytes | None]:
         """The ext_proc port's (key, chain) and client CA; a worker gets its parent's."""

@@ -173,11 +173,11 @@ def parse_targets(text: str) -> list[StackSpec]:
 
 def _parse_one(entry: str) -> StackSpec:
     base, at, workers = entry.rpartition("@w")
-    if at and workers.isdigit() and (base == "epp" or base.startswith(("epp=", "epp@"))
-                                     or "xepp" in base):  # fmt: skip
-        if not 1 <= int(workers) <= _MAX_REPLICAS:
-            raise BenchError(f"--stack: {entry!r}: 1 to {_MAX_REPLICAS} workers")
+    if at and workers.isdigit():
         spec = _parse_one(base)
+        if spec.kind != "epp" or not 1 <= int(workers) <= _MAX_REPLICAS:
+            raise BenchError(f"--stack: {entry!r}: @wN follows an epp target, N from 1 to "
+                             f"{_MAX_REPLICAS}")  # fmt: skip
         return replace(spec, name=entry, workers=int(workers))
     count, x, rest = entry.partition("x")
     if x and count.isdigit() and (rest == "epp" or rest.startswith("epp=")):

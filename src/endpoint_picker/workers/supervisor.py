@@ -25,6 +25,7 @@ import structlog
 
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.settings import Settings
+from endpoint_picker.telemetry.tasks import guarded
 from endpoint_picker.workers.fanout import Publisher
 from endpoint_picker.workers.link import WorkerLink
 from endpoint_picker.workers.messages import Init, encode
@@ -96,16 +97,7 @@ class Supervisor:
                 raise ConfigError(f"worker {index} exited before serving (see its log above)")
 
     def _spawn_task(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        self._tasks.append(asyncio.create_task(self._guard(name, coro), name=name))
-
-    @staticmethod
-    async def _guard(name: str, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("background task failed", task=name)
+        self._tasks.append(asyncio.create_task(guarded(name, coro), name=name))
 
     async def _supervise(self, index: int) -> None:
         backoff = BACKOFF_FIRST
