@@ -286,6 +286,21 @@ def run_wrk(url: str, connections: int, duration: int, tmp: Path) -> tuple[float
     return rps, float(p50.group(1)) * scale, int(errors.group(1)) if errors else 0
 
 
+def start_profile(pid: int, mode: str, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """py-spy samples the ext_proc process (its native gRPC frames too) for the measured run;
+    the collapsed stacks go to PROFILE/MODE-N.txt, ready for `summarise_profile.py` or a
+    flame-graph tool."""
+    spy = shutil.which("py-spy") or str(BIN / "py-spy")
+    args.profile.mkdir(parents=True, exist_ok=True)
+    number = len(list(args.profile.glob(f"{mode}-*.txt"))) + 1
+    out = args.profile / f"{mode}-{number}.txt"
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--duration", str(args.duration), "--rate", "250",
+         "--format", "raw", "--nonblocking", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float, int, float]:
     endpoints = [f"127.0.0.{i + 2}:{args.backend_port}" for i in range(args.endpoints)]
     listen, admin, ext_port = free_port(), free_port(), free_port()
@@ -366,7 +381,10 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
         wait_routing(url)
         run_wrk(url, args.connections, 2, tmp)  # warm-up
         cpu_before = cpu_seconds(processor.pid) if processor else 0.0
+        profiler = start_profile(processor.pid, mode, args) if args.profile and processor else None
         rps, p50, errors = run_wrk(url, args.connections, args.duration, tmp)
+        if profiler is not None:
+            profiler.wait(timeout=60)
         cpu = cpu_seconds(processor.pid) - cpu_before if processor else 0.0
         # CPU per request of the ext_proc process: comparable even on a busy machine
         return rps, p50, errors, cpu / max(rps * args.duration, 1) * 1e6
@@ -390,6 +408,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternate the modes N times")
     parser.add_argument("--backend-port", type=int, default=18000)
     parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="folder: sample the ext_proc process with py-spy during each measured run",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench_extproc: needs wrk (apt-get install wrk)")
