@@ -347,22 +347,37 @@ def _epp_values(text: str) -> dict[str, float]:
 
 
 def _proc(pid: int) -> dict[str, float]:
-    """RSS (MiB), open fds and CPU seconds of ``pid``; ``BenchError`` if it is gone."""
+    """RSS (MiB), open fds and CPU seconds of ``pid`` and its worker processes, if any (the
+    CPU of workers already reaped is in the parent's children times); ``BenchError`` if the
+    EPP is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError as exc:
         raise BenchError(f"the EPP (pid {pid}) is gone: {exc}") from exc
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     if fields.get("State", "").strip().startswith("Z"):
         raise BenchError(f"the EPP (pid {pid}) exited")
-    rss_kib = float(fields["VmRSS"].split()[0])
-    return {
-        "rss_mib": rss_kib / 1024,
-        "fds": float(fds),
-        "cpu_seconds": (int(stat[11]) + int(stat[12])) / _TICK,
-    }
+    rss_kib, fds = float(fields["VmRSS"].split()[0]), 0
+    ticks = sum(int(v) for v in stat[11:15])  # utime, stime, cutime, cstime
+    for each in (pid, *_children(pid)):
+        with contextlib.suppress(OSError):  # a worker that has just exited
+            fds += len(os.listdir(f"/proc/{each}/fd"))
+            if each != pid:
+                child = Path(f"/proc/{each}/status").read_text()
+                rss_kib += float(child.split("VmRSS:", 1)[1].split()[0])
+                child_stat = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(child_stat[11]) + int(child_stat[12])
+    return {"rss_mib": rss_kib / 1024, "fds": float(fds), "cpu_seconds": ticks / _TICK}
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (``epp serve --workers``'s workers)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return children
 
 
 def _check_alive(stack: RunningStack) -> None:
@@ -466,10 +481,11 @@ def _plan() -> WorkloadPlan:
 
 
 @contextlib.asynccontextmanager
-async def _stack(
-    out: Path, epp_env: tuple[tuple[str, str], ...] = (), graceful_close: bool = False
-) -> Any:
-    spec = StackSpec("epp", "epp", epp_env=epp_env, graceful_close=graceful_close)
+async def _stack(out: Path, args: argparse.Namespace) -> Any:
+    spec = StackSpec(
+        "epp", "epp", epp_env=tuple(args.epp_env), graceful_close=args.ext_proc_graceful_close,
+        worker_max_requests=args.worker_max_requests,
+    )  # fmt: skip
     async with (
         running_stack(spec, FleetOptions(), _plan(), out / "logs") as stack,
         aiohttp.ClientSession(
@@ -510,7 +526,7 @@ def _step_problems(tally: Tally, rate: float, row: dict[str, Any], ttft_bound: f
 async def find_max(args: argparse.Namespace, out: Path) -> tuple[float, list[dict[str, Any]]]:
     """The ramp on one stack; the highest rate before the first failing step (0: none)."""
     best, steps = 0.0, []
-    async with _stack(out, tuple(args.epp_env), args.ext_proc_graceful_close) as (
+    async with _stack(out, args) as (
         stack,
         session,
     ):
@@ -554,7 +570,7 @@ async def find_max(args: argparse.Namespace, out: Path) -> tuple[float, list[dic
 
 async def soak(args: argparse.Namespace, out: Path, rate: float) -> tuple[Tally, list[Any], float]:
     """The soak on a fresh stack; returns the tally, the samples and when the load stopped."""
-    async with _stack(out, tuple(args.epp_env), args.ext_proc_graceful_close) as (
+    async with _stack(out, args) as (
         stack,
         session,
     ):
@@ -852,6 +868,14 @@ def main() -> int:
         "--ext-proc-graceful-close",
         action="store_true",
         help="Envoy half-closes ext_proc streams instead of resetting them (docs/envoy.md)",
+    )
+    a(
+        "--worker-max-requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="`epp serve --worker-max-requests N`: the EPP's worker turns over every ~N "
+        "streams (RSS, fds and CPU are then the parent's and its workers' together)",
     )
     a(
         "--epp-env",

@@ -102,6 +102,7 @@ class App:
         self.health = health or HealthState()
         self._tasks: list[asyncio.Task[None]] = []
         self._ext_server: grpc.aio.Server | None = None
+        self._slots: StreamSlots | None = None
         self._servers: list[grpc.aio.Server] = []
         self._metrics_server: MetricsServer | None = None
         self.decisions = DecisionLog()  # the status page's recent decisions and refusals
@@ -221,6 +222,11 @@ class App:
     def elector(self) -> LeaderElector | None:
         """The Lease holder-or-candidate, with --ha-enable-leader-election (tests)."""
         return self._elector
+
+    @property
+    def streams_accepted(self) -> int:
+        """ext_proc streams this process let in since it started serving."""
+        return self._slots.accepted if self._slots is not None else 0
 
     @property
     def kubernetes(self) -> KubernetesSource | None:
@@ -391,7 +397,7 @@ class App:
         server_settings = self.settings.server
         # one budget and one stream count for the whole process, shared by every stream
         budget = BodyBudget(server_settings.max_buffered_bytes)
-        slots = StreamSlots(server_settings.max_concurrent_streams)
+        slots = self._slots = StreamSlots(server_settings.max_concurrent_streams)
         self.metrics.track_limits(lambda: budget.reserved, lambda: slots.open)
         processor = ExternalProcessor(
             functools.partial(

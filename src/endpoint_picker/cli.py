@@ -217,6 +217,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "parent reads the pool, scrapes and serves health and metrics for all of them",
     )
     p.add_argument(
+        "--worker-max-requests",
+        type=COUNT,
+        default=d.server.worker_max_requests,
+        metavar="N",
+        help="replace a worker after about N ext_proc streams (each worker's limit gets up to "
+        "10%% more, so they do not all turn over at once); the replacement serves before the "
+        "old one drains. Bounds grpcio's per-stream leak (docs/envoy.md). 0: never; above 0 "
+        "runs a parent and workers even with --workers 1",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=DURATION,
         default=d.server.drain_timeout,
@@ -441,6 +451,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             max_request_header_bytes=args.max_request_headers_kb * 1024,
             metrics_endpoint=_metrics_endpoint(args),
             workers=args.workers,
+            worker_max_requests=args.worker_max_requests,
         ),
         pool=PoolSettings(
             pool_file=args.pool_file,
@@ -471,7 +482,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 async def _serve(settings: Settings) -> None:
     from endpoint_picker.app import App  # the app pulls in grpc; keep --help fast
 
-    if settings.server.workers > 1:
+    if settings.server.supervised:
         from endpoint_picker.workers import build_parent
 
         app = build_parent(settings)

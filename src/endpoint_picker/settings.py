@@ -114,6 +114,16 @@ class ServerSettings:
     # is a parent (pool source, scrapes, health and metrics ports) and that many workers
     # sharing the ext_proc port (see endpoint_picker.workers).
     workers: int = 1
+    # Replace a worker once it has served about this many ext_proc streams (0: never): a
+    # replacement starts and takes the port before the old one drains, so nothing is refused.
+    # It bounds the memory grpcio leaks on every stream Envoy resets (docs/envoy.md, item 6).
+    # Any value above 0 runs the parent and workers even with --workers 1.
+    worker_max_requests: int = 0
+
+    @property
+    def supervised(self) -> bool:
+        """Whether a parent runs the routing in worker processes."""
+        return self.workers > 1 or self.worker_max_requests > 0
 
 
 GROUP_V1ALPHA2 = "inference.networking.x-k8s.io"  # InferencePool v1alpha2, InferenceModel

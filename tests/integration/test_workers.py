@@ -76,16 +76,18 @@ def running(pid: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def epp_workers(tmp_path: Path, pool_text: str) -> AsyncIterator[EppProcess]:
+async def epp_workers(
+    tmp_path: Path, pool_text: str, *args: str, workers: int = 2
+) -> AsyncIterator[EppProcess]:
     path = tmp_path / "pool.yaml"
     path.write_text(pool_text)
     log = tmp_path / "epp.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(  # noqa: ASYNC220  # started once; the test polls it by pid
-            [*EPP, "serve", "--workers", "2", "--pool-file", str(path),
+            [*EPP, "serve", "--workers", str(workers), "--pool-file", str(path),
              "--bind-address", "127.0.0.1", "--grpc-port", "0", "--grpc-health-port", "0",
              "--metrics-port", "0", "--secure-serving", "false", "--drain-timeout", "2s",
-             "--refresh-metrics-interval", "100ms", "--log-format", "json"],
+             "--refresh-metrics-interval", "100ms", "--log-format", "json", *args],
             stderr=sink, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
     epp = EppProcess(proc, log)
@@ -227,3 +229,60 @@ async def test_a_second_signal_ends_the_parent_and_every_worker_at_once(tmp_path
                 assert time.monotonic() < deadline, "a worker outlived the parent"
                 await asyncio.sleep(0.05)
             open_stream.cancel()
+
+
+async def test_a_worker_at_its_request_limit_is_replaced_without_refusing_a_request(
+    tmp_path: Path,
+) -> None:
+    """`--workers 1 --worker-max-requests 15`: while a client keeps routing over one channel
+    (as Envoy keeps one connection), the worker turns over: its successor serves before it
+    drains, the old process exits, no request fails, and /metrics counts every request."""
+    async with (
+        fake_model_servers(ADDRESSES) as servers,
+        epp_workers(
+            tmp_path,
+            pool_yaml(
+                pool(port=servers[0].port),
+                model("m"),
+                *(pod(f"p{i}", a) for i, a in enumerate(ADDRESSES)),
+            ),
+            "--worker-max-requests",
+            "15",
+            workers=1,
+        ) as epp,
+        aiohttp.ClientSession() as session,
+    ):
+        serving = await epp.wait_for(lambda e: e.get("event") == "endpoint picker serving", 30)
+        ext_port, metrics_port = serving["ext_proc_port"], serving["metrics_port"]
+        (first_pid,) = epp.worker_pids().values()
+        hostports = {s.hostport for s in servers}
+        sent, after = 0, 0
+        deadline = time.monotonic() + 60
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ext_port}") as channel:
+            client = Client(channel)
+            while after < 20:  # until the first process is gone, and 20 requests more
+                assert time.monotonic() < deadline, epp.log.read_text()[-3000:]
+                replies = await client.exchange([headers(), body(PROMPT)])
+                assert lb_metadata(replies[0]) in hostports  # routed: never refused
+                sent += 1
+                if not running(first_pid):
+                    after += 1
+                await asyncio.sleep(0.01)
+        pids = epp.worker_pids()  # the successor took the worker's other row
+        assert pids == {0: first_pid, 1: pids[1]}, pids
+        assert running(pids[1])
+        assert any(line.get("event") == "worker replaced at its request limit; draining the old one"
+                   for line in epp.lines())  # fmt: skip
+        labels = '{model_name="m",target_model_name="m"}'
+        deadline = time.monotonic() + 10
+        while (seen := await metrics(session, metrics_port))[
+            f"inference_model_request_total{labels}"
+        ] != sent:  # the old process's counts stay in the sum once it has gone
+            assert time.monotonic() < deadline, (
+                {k: v for k, v in seen.items() if "request" in k or "worker" in k},
+                sent,
+            )
+            await asyncio.sleep(0.2)
+        assert seen['inference_extension_worker_recycles_total{worker="0"}'] >= 1
+        assert seen['inference_extension_worker_restarts_total{worker="0"}'] == 0
+        assert seen["inference_extension_workers_serving"] == 1

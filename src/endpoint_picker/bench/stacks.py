@@ -134,6 +134,7 @@ class StackSpec:
     epp_env: tuple[tuple[str, str], ...] = ()  # extra environment of the EPP processes only
     workers: int = 1  # epp@wN: each EPP runs `epp serve --workers N`
     graceful_close: bool = False  # Envoy half-closes ext_proc streams (docs/envoy.md, item 6)
+    worker_max_requests: int = 0  # `epp serve --worker-max-requests N` (bench_soak)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +351,8 @@ def _epp_argv(spec: StackSpec, pool: Path, ports: Sequence[int]) -> list[str]:
         argv += ["--config-file", str(spec.config_file)]
     if spec.workers > 1:
         argv += ["--workers", str(spec.workers)]
+    if spec.worker_max_requests > 0:
+        argv += ["--worker-max-requests", str(spec.worker_max_requests)]
     return argv
 
 

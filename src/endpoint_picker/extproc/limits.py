@@ -42,13 +42,14 @@ class BodyBudget:
 class StreamSlots:
     """Open ext_proc streams against ``--max-concurrent-streams`` (0: no limit)."""
 
-    __slots__ = ("_open", "limit")
+    __slots__ = ("_open", "accepted", "limit")
 
     def __init__(self, limit: int) -> None:
         if limit < 0:
             raise ValueError(f"the stream limit must not be negative: {limit}")
         self.limit = limit
         self._open = 0
+        self.accepted = 0  # streams let in since the start (a worker's turnover counts them)
 
     @property
     def open(self) -> int:
@@ -58,6 +59,7 @@ class StreamSlots:
         if self.limit and self._open >= self.limit:
             return False
         self._open += 1
+        self.accepted += 1
         return True
 
     def release(self) -> None:

@@ -11,7 +11,9 @@ process group, and the parent turns it into the drain it orders.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import signal
 import socket
 import sys
@@ -23,14 +25,18 @@ from endpoint_picker.errors import ConfigError
 from endpoint_picker.roles import WorkerRole
 from endpoint_picker.scheduling.lifecycle import SharedInFlight
 from endpoint_picker.telemetry.logs import configure_logging
+from endpoint_picker.telemetry.tasks import guarded
 from endpoint_picker.workers.messages import (
     Answer,
     Ask,
+    CaughtUp,
     ChannelClosed,
+    Final,
     Init,
     MetricsUpdate,
     PoolUpdate,
     Readiness,
+    Retire,
     Serving,
     Unreachable,
     encode,
@@ -40,6 +46,8 @@ from endpoint_picker.workers.messages import (
 from endpoint_picker.workers.table import InFlightTable, TableRow
 
 log = structlog.get_logger(__name__)
+
+TURNOVER_CHECK = 1.0  # seconds between two looks at the streams served (--worker-max-requests)
 
 
 class Worker:
@@ -71,6 +79,8 @@ class Worker:
             await self.update_health()
         elif isinstance(message, Ask):
             self._writer.write(encode(Answer(message.ask_id, self._answer(message.what))))
+        elif isinstance(message, CaughtUp):
+            self.serving()
 
     def _answer(self, what: str) -> object:
         if what == "metrics":
@@ -84,8 +94,20 @@ class Worker:
         await self.app.health.set_ready(self._parent_ready and self.app.datastore.loaded)
 
     def serving(self) -> None:
-        """Tell the parent this worker's ext_proc server is up (its health port reflects it)."""
+        """Tell the parent this worker serves: its ext_proc server is up and it has applied
+        the pool and snapshots the parent held when it started."""
         self._writer.write(encode(Serving(True)))
+
+    async def turnover(self, limit: int) -> None:
+        """Ask once to be replaced after ``limit`` streams (plus up to a tenth, so that the
+        workers of one parent do not all turn over together); the parent then starts the
+        replacement and, once it serves, drains this one."""
+        limit += random.randint(0, limit // 10)  # spread, not security
+        while self.app.streams_accepted < limit:  # noqa: ASYNC110  # no hook on the hot path
+            await asyncio.sleep(TURNOVER_CHECK)
+        streams = self.app.streams_accepted
+        log.info("worker reached its request limit; asking to be replaced", streams=streams)
+        self._writer.write(encode(Retire(streams)))
 
 
 async def _run(channel_fd: int, table_fd: int) -> int:
@@ -115,18 +137,25 @@ async def _run(channel_fd: int, table_fd: int) -> int:
             log.exception("cannot apply the parent's update; draining")
         stop.set()
 
-    follower: asyncio.Task[None] | None = None
+    tasks: list[asyncio.Task[None]] = []
     try:
         # the director subscribes to pool changes as it is built: apply nothing before that
         await worker.app.start()
-        follower = asyncio.create_task(follow_parent(), name="worker-channel")
-        worker.serving()
+        tasks.append(asyncio.create_task(follow_parent(), name="worker-channel"))
+        limit = init.settings.server.worker_max_requests
+        if limit > 0:
+            turnover = guarded("worker-turnover", worker.turnover(limit))
+            tasks.append(asyncio.create_task(turnover, name="worker-turnover"))
         await stop.wait()
     finally:
         await worker.app.stop()
-        if follower is not None:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if not writer.is_closing():  # counted since the parent last asked: keep it in the sum
+            writer.write(encode(Final(worker.app.metrics.render())))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
         writer.close()
         table.close()
     return 0

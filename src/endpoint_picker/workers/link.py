@@ -19,6 +19,8 @@ from endpoint_picker.workers.messages import (
     Answer,
     Ask,
     ChannelClosed,
+    Final,
+    Retire,
     Serving,
     encode,
     read_message,
@@ -46,6 +48,8 @@ class WorkerLink:
         self._asks = itertools.count()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self.serving = False
+        self.retiring = asyncio.Event()  # the worker asked to be replaced (``Retire``)
+        self.final: bytes | None = None  # its last exposition, when it exited after a drain
 
     def send(self, frame: bytes) -> bool:
         """Queue ``frame``; False when the worker is too far behind (a closing channel takes
@@ -81,6 +85,12 @@ class WorkerLink:
                         future.set_result(message.payload)
                 elif isinstance(message, Serving):
                     self._set_serving(message.serving)
+                elif isinstance(message, Final):
+                    self.final = message.metrics
+                elif isinstance(message, Retire):
+                    log.info("worker asks to be replaced", worker=self.index,
+                             streams=message.streams)  # fmt: skip
+                    self.retiring.set()
         except ChannelClosed:
             pass
         finally:

@@ -37,7 +37,8 @@ class Init:
     (loaded or generated once by the parent, so every worker presents the same certificate)."""
 
     settings: Settings
-    index: int  # the worker's row in the in-flight table, stable across restarts
+    index: int  # the worker's row in the in-flight table (a recycled worker's successor
+    # takes the worker's other row, so that both can count while the old one drains)
     table_rows: int
     table_capacity: int
     tls: tuple[bytes, bytes] | None  # (key, chain) PEM
@@ -91,6 +92,28 @@ class Serving:
     """The worker's ext_proc server is up and it holds a pool (or no longer, when False)."""
 
     serving: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CaughtUp:
+    """Everything the parent held when the worker started has been sent: once it has applied
+    this far, the worker reports ``Serving``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    """The worker has served its ``--worker-max-requests``: start its replacement, then drain
+    it (it keeps serving until told)."""
+
+    streams: int
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """The worker's last exposition, sent as it exits after a drain: what it counted since the
+    parent last asked stays in the merged /metrics."""
+
+    metrics: bytes
 
 
 def encode(message: object) -> bytes:

@@ -98,14 +98,16 @@ class WorkerPool(Collector):
     def __init__(self, settings: Settings, count: int) -> None:
         self._settings = settings
         self._count = count
-        self._table = InFlightTable.create(count)
+        # a second row per worker for its successor while it drains (--worker-max-requests)
+        rows = count * 2 if settings.server.worker_max_requests > 0 else count
+        self._table = InFlightTable.create(rows)
         self._slots = SlotMap(self._table.capacity)
         self.publisher = Publisher(self._slots, self._send)
         self.health = GatedHealth(self.publisher.readiness)
         self._inflight = TableCounts(self._table, self._slots)
         self._decisions = MergedDecisions()
         self._expositions: dict[int, bytes] = {}
-        # per worker row: (its restart count when collected, its last exposition)
+        # per row: (its process generation when collected, that process's last exposition)
         self._last: dict[int, tuple[int, bytes]] = {}
         self._retired = b""  # dead workers' last counters and histograms, summed
         self._supervisor: Supervisor | None = None
@@ -163,14 +165,21 @@ class WorkerPool(Collector):
             *(link.ask("decisions", ASK_TIMEOUT) for link in links),
         )
         metrics, decisions = answers[: len(links)], answers[len(links) :]
-        restarts = self._supervisor.restarts if self._supervisor is not None else []
-        for index, (generation, text) in list(self._last.items()):
-            if index < len(restarts) and restarts[index] != generation:  # that process died
-                self._retired = merge_expositions(self._retired, [cumulative_only(text)])
-                del self._last[index]
+        supervisor = self._supervisor
+        generations = supervisor.generations if supervisor is not None else []
+        finals = supervisor.finals if supervisor is not None else {}
+        ended = []
+        for row, (generation, text) in list(self._last.items()):
+            if generations[row] != generation:  # that process has ended: its final word counts
+                ended.append(finals.pop((row, generation), text))
+                del self._last[row]
+        ended.extend(finals.values())  # ended before this parent ever asked them
+        finals.clear()
+        if ended:
+            self._retired = merge_expositions(self._retired, [cumulative_only(t) for t in ended])
         for link, answer in zip(links, metrics, strict=True):
             if answer:  # no answer in time: its previous one stands
-                self._last[link.index] = (restarts[link.index], answer)
+                self._last[link.index] = (generations[link.index], answer)
         self._expositions = {index: text for index, (_, text) in self._last.items()}
         merged = [
             {**item, "worker": link.index}
@@ -195,18 +204,30 @@ class WorkerPool(Collector):
             "Worker processes restarted after they died, by worker.",
             labels=["worker"],
         )
-        requests = CounterMetricFamily(
-            "inference_extension_worker_requests",
-            "inference_model_request_total as counted by each worker (how the kernel spread "
-            "the ext_proc connections); restarts from 0 with its worker.",
+        recycles = CounterMetricFamily(
+            "inference_extension_worker_recycles",
+            "Worker processes replaced at --worker-max-requests, by worker.",
             labels=["worker"],
         )
-        counts = self._supervisor.restarts if self._supervisor is not None else []
-        for index, count in enumerate(counts):
-            restarts.add_metric([str(index)], float(count))
+        requests = CounterMetricFamily(
+            "inference_extension_worker_requests",
+            "inference_model_request_total as counted by each worker's process (how the kernel "
+            "spread the ext_proc connections), by row: a worker's successor at "
+            "--worker-max-requests counts in its other row; restarts from 0 with its process.",
+            labels=["worker"],
+        )
+        supervisor = self._supervisor
+        for index in range(self._count):
+            restarts.add_metric(
+                [str(index)], float(supervisor.restarts[index] if supervisor else 0)
+            )
+            recycles.add_metric(
+                [str(index)], float(supervisor.recycles[index] if supervisor else 0)
+            )
         for index, text in sorted(self._expositions.items()):
             requests.add_metric([str(index)], requests_counted(text))
         yield restarts
+        yield recycles
         yield requests
 
     def kill(self) -> None:
