@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.extproc import Client, body, headers, json_body, lb_metadata
-from tests.support.model_servers import fake_model_servers
+from tests.support.model_servers import FakeModelServer, fake_model_servers
 from tests.support.pool import model, pod, pool, pool_yaml
 
 EPP = [sys.executable, "-m", "endpoint_picker"]
@@ -103,6 +103,12 @@ async def epp_workers(
                 os.kill(pid, signal.SIGKILL)
 
 
+def every_pod(servers: Sequence[FakeModelServer]) -> str:
+    """The pool file: model ``m`` on a pod per fake server."""
+    pods = (pod(f"p{i}", a) for i, a in enumerate(ADDRESSES))
+    return pool_yaml(pool(port=servers[0].port), model("m"), *pods)
+
+
 async def route(port: int, requests: int) -> list[str]:
     """``requests`` streams over a channel of its own (a new connection for the kernel to
     place on a worker); the endpoint each was routed to."""
@@ -142,11 +148,7 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
         fake_model_servers(ADDRESSES) as servers,
         epp_workers(
             tmp_path,
-            pool_yaml(
-                pool(port=servers[0].port),
-                model("m"),
-                *(pod(f"p{i}", a) for i, a in enumerate(ADDRESSES)),
-            ),
+            every_pod(servers),
         ) as epp,
         aiohttp.ClientSession() as session,
     ):
@@ -241,11 +243,7 @@ async def test_a_worker_at_its_request_limit_is_replaced_without_refusing_a_requ
         fake_model_servers(ADDRESSES) as servers,
         epp_workers(
             tmp_path,
-            pool_yaml(
-                pool(port=servers[0].port),
-                model("m"),
-                *(pod(f"p{i}", a) for i, a in enumerate(ADDRESSES)),
-            ),
+            every_pod(servers),
             "--worker-max-requests",
             "15",
             workers=1,

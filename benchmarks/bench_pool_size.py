@@ -1,0 +1,210 @@
+"""Pool size: how a pick over ext_proc and the metrics refresh hold up from 16 to 1,024 endpoints.
+
+Run: .venv/bin/python benchmarks/bench_pool_size.py [--sizes 16,256,1024] [--modes one,w2]
+     [--duration 20] [--rate 200] [--rounds 1]
+
+For each pool size N: N model-server endpoints on 127.0.x.y:18000, answered by one Envoy with
+direct responses (the 64 KB vLLM v1 ``/metrics`` page of the unit tests: what a real server
+costs to scrape and parse); a pool file with a pod per endpoint. For each mode, a fresh
+``epp serve`` on that pool (default scheduler, ``--refresh-metrics-interval 50ms``):
+- one: one process (``--workers 1``): scraping and routing share its event loop;
+- wN:  ``--workers N``: the parent scrapes, the workers route.
+After every endpoint has fresh metrics, a gRPC client opens ``--rate`` ext_proc streams a second
+(open loop) for ``--duration`` s (headers, then the body with end of stream; the pick is the time
+to the routing headers response; then the stream is closed), while ``/api/status`` is read every
+0.5 s for each endpoint's metrics age. Printed per size and mode: picks/s, pick p50 and p99,
+and the metrics age (median over endpoints and samples, and the 99th percentile): what the
+scheduler sees. Everything shares this machine's 2 cores (the fleet Envoy, the EPP, the client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_extproc import (  # the fleet Envoy and the pool file of that benchmark
+    BIN,
+    PROMPT,
+    backend_config,
+    free_port,
+    pool_file,
+    process,
+    wait_ready,
+)
+
+PORT = 18000
+
+
+def addresses(count: int) -> list[str]:
+    """``count`` endpoints on 127.0.1.2 and up (250 per /24)."""
+    return [f"127.0.{1 + i // 250}.{2 + i % 250}:{PORT}" for i in range(count)]
+
+
+def _headers() -> pb.ProcessingRequest:
+    message = pb.ProcessingRequest()
+    for key, value in (
+        (":method", "POST"),
+        (":path", "/v1/completions"),
+        ("content-type", "application/json"),
+        ("content-length", str(len(PROMPT))),
+    ):
+        message.request_headers.headers.headers.append(
+            base_pb2.HeaderValue(key=key, raw_value=value.encode())
+        )
+    return message
+
+
+HEADERS = _headers()
+BODY = pb.ProcessingRequest(request_body=pb.HttpBody(body=PROMPT.encode(), end_of_stream=True))
+
+
+async def pick(stub: pb_grpc.ExternalProcessorStub) -> float:
+    """One routed request: seconds from its headers to the routing headers response."""
+    call = stub.Process()
+    started = time.perf_counter()
+    await call.write(HEADERS)
+    await call.write(BODY)
+    first = await call.read()
+    took = time.perf_counter() - started
+    if first is grpc.aio.EOF or not first.request_headers.response.header_mutation.set_headers:
+        raise RuntimeError(f"not routed: {first}")
+    await call.done_writing()
+    while await call.read() is not grpc.aio.EOF:  # the body echoed back, then the end
+        pass
+    return took
+
+
+async def load(port: int, seconds: float, rate: float) -> list[float]:
+    """Open loop: a pick every 1/rate s whatever the earlier ones do; their latencies."""
+    times: list[float] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ExternalProcessorStub(channel)
+
+        async def one() -> None:
+            times.append(await pick(stub))
+
+        tasks = []
+        start = time.monotonic()
+        for n in range(int(seconds * rate)):
+            await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+    return times
+
+
+def status(metrics_port: int) -> dict[str, object]:
+    url = f"http://127.0.0.1:{metrics_port}/api/status"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+def ages(metrics_port: int) -> list[float]:
+    """Every endpoint's metrics age now (seconds; inf when it has none yet)."""
+    endpoints = status(metrics_port)["endpoints"]
+    assert isinstance(endpoints, list)
+    return [
+        float("inf") if e["metricsAgeSeconds"] is None else float(e["metricsAgeSeconds"])
+        for e in endpoints
+    ]
+
+
+async def sample_ages(metrics_port: int, seconds: float) -> list[float]:
+    out: list[float] = []
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        out += await asyncio.to_thread(ages, metrics_port)
+        await asyncio.sleep(0.5)
+    return out
+
+
+def wait_fresh(metrics_port: int, count: int, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            seen = ages(metrics_port)
+            if len(seen) == count and max(seen) < 1.0:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"not every one of {count} endpoints got metrics within {within} s")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(mode: str, endpoints: list[str], args: argparse.Namespace, tmp: Path) -> str:
+    pool_file(endpoints, tmp / "pool.yaml")
+    grpc_port, metrics_port = free_port(), free_port()
+    workers = "1" if mode == "one" else mode.removeprefix("w")
+    argv = [
+        str(BIN / "epp"), "serve", "--pool-file", str(tmp / "pool.yaml"),
+        "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port),
+        "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port),
+        "--secure-serving", "false", "--workers", workers, "--log-level", "warning",
+        "--refresh-metrics-interval", "50ms", "--drain-timeout", "1s",
+    ]  # fmt: skip
+    with process(argv, tmp / f"epp-{mode}-{len(endpoints)}.log"):
+        wait_fresh(metrics_port, len(endpoints))
+        asyncio.run(load(grpc_port, 3, args.rate))  # warm-up
+
+        async def both() -> tuple[list[float], list[float]]:
+            return await asyncio.gather(
+                load(grpc_port, args.duration, args.rate),
+                sample_ages(metrics_port, args.duration),
+            )
+
+        times, seen = asyncio.run(both())
+    p50, p99 = statistics.median(times) * 1e3, percentile(times, 0.99) * 1e3
+    age50, age99 = statistics.median(seen) * 1e3, percentile(seen, 0.99) * 1e3
+    return (
+        f"{len(endpoints):6d} {mode:5s} {len(times) / args.duration:8.0f} picks/s   "
+        f"pick p50 {p50:6.2f} ms  p99 {p99:7.2f} ms   metrics age p50 {age50:5.0f} ms  "
+        f"p99 {age99:5.0f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="16,256,1024")
+    parser.add_argument("--modes", default="one,w2", help="one, or wN: --workers N")
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=200.0, help="picks per second")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the modes N times")
+    parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
+    args = parser.parse_args()
+    for size in (int(s) for s in args.sizes.split(",")):
+        endpoints = addresses(size)
+        with tempfile.TemporaryDirectory(prefix="bench-pool-size-") as tmp_name:
+            tmp = Path(tmp_name)
+            admin = free_port()
+            (tmp / "fleet.yaml").write_text(backend_config(endpoints, admin))
+            with process(
+                [args.envoy, "-c", str(tmp / "fleet.yaml"), "--concurrency", "1",
+                 "--log-level", "error", "--base-id", str(admin)],
+                tmp / "fleet.log",
+            ):  # fmt: skip
+                wait_ready(admin, within=120)
+                for _ in range(args.rounds):
+                    for mode in args.modes.split(","):
+                        print(measure(mode, endpoints, args, tmp), flush=True)
+
+
+if __name__ == "__main__":
+    main()
