@@ -80,6 +80,7 @@ class Supervisor:
         self._procs: dict[int, subprocess.Popen[bytes]] = {}  # by row
         self._tasks: list[asyncio.Task[Any]] = []
         self._started: dict[int, asyncio.Future[bool]] = {}  # by row: served, or died first
+        self._row_ended: dict[int, asyncio.Task[int | None]] = {}  # by row: its last process
         self._stopping = False
         self.restarts = [0] * count  # by worker: processes that died and were replaced
         self.recycles = [0] * count  # by worker: processes replaced at their request limit
@@ -178,6 +179,9 @@ class Supervisor:
 
     async def _launch(self, row: int) -> _Running:
         """Start one worker process in ``row`` and send it what it must know."""
+        previous = self._row_ended.get(row)
+        if previous is not None and not previous.done():  # still draining from a turnover
+            await asyncio.wait((previous,))
         started = self._started.get(row)
         if started is None or started.done():
             self._started[row] = asyncio.get_running_loop().create_future()
@@ -202,6 +206,7 @@ class Supervisor:
         for frame in (encode(init), *self._publisher.catch_up(), encode(CaughtUp())):
             link.send(frame)
         ended = asyncio.create_task(self._ended(row, proc, link), name=f"worker-{row}-process")
+        self._row_ended[row] = ended
         self._tasks = [task for task in self._tasks if not task.done()]
         self._tasks.append(ended)  # drain() ends it with the rest
         return _Running(row, proc, link, ended)
