@@ -40,7 +40,7 @@ from endpoint_picker.extproc.tls import load_certificate, load_client_ca, self_s
 from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.roles import Routers, WorkerRole
-from endpoint_picker.scheduling import build_scheduling, load_config
+from endpoint_picker.scheduling import build_scheduling, load_config, room_finder
 from endpoint_picker.scheduling.config import EndpointPickerConfig
 from endpoint_picker.settings import MetricsAuth, MetricsEndpointSettings, Settings
 from endpoint_picker.status import (
@@ -273,10 +273,10 @@ class App:
         self.inflight = components.inflight  # the EPP's own in-flight count (tests, status)
         flow_config = config.flow_control if config is not None else None
         if flow_config is not None:
-            detector, datastore = components.saturation_detector, self.datastore
+            room, datastore = room_finder(components.saturation_detector), self.datastore
             self.flow = FlowController[RoutingDecision](
                 flow_config,
-                lambda: detector.is_saturated(datastore.endpoint_states()),
+                lambda priority: not room(datastore.endpoint_states(), priority),
                 clock=self._clock,
                 observer=self.metrics,
             )

@@ -408,9 +408,10 @@ class Director:
             )
         return chosen
 
-    def is_saturated(self) -> bool:
-        """Whether the pool as a whole has no room (flow control's dispatch check)."""
-        return self._saturation.is_saturated(self._pool.endpoint_states())
+    def is_saturated(self, priority: int = 0) -> bool:
+        """Whether no endpoint of the pool has room for a request of ``priority`` (flow
+        control's dispatch check)."""
+        return not self._with_room(self._pool.endpoint_states(), priority)
 
     def _schedule(
         self, request: LLMRequest, subset: Sequence[str] | None, *, shed: bool = True
@@ -425,7 +426,8 @@ class Director:
                 f"the pool is saturated; sheddable request for {clip(request.model)!r} dropped"
             )
         if not shed:  # flow control: only where there is room, so waiting stays in its queues
-            candidates = tuple(self._with_room(candidates)) or candidates
+            room = self._with_room(candidates, priority_of(request))
+            candidates = tuple(room) or candidates
         result = self._scheduler.schedule(request, candidates)
         if not result.endpoints:
             raise ServiceUnavailableError("no endpoint passed the scheduler's filters")

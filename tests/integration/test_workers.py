@@ -286,12 +286,13 @@ async def test_a_worker_at_its_request_limit_is_replaced_without_refusing_a_requ
         assert seen["inference_extension_workers_serving"] == 1
 
 
-async def test_a_second_turnover_waits_for_the_row_its_predecessor_still_drains(
+async def test_a_turnover_lets_open_streams_finish_and_a_second_waits_for_the_row(
     tmp_path: Path,
 ) -> None:
-    """`--worker-max-requests 5` with a stream held open on the first process, which so drains
-    for the whole --drain-timeout while its successor reaches the limit too: the third process
-    starts in row 0 only after the first has stopped, and the shared in-flight counts end at 0."""
+    """`--worker-max-requests 5`, a stream held open on the first process: after the turnover
+    that process drains past --drain-timeout (2 s; a turnover is no shutdown) until the held
+    stream ends normally; its successor, at the limit too, gets a third process in row 0 only
+    once the first has stopped; the shared in-flight counts end at 0."""
     async with (
         fake_model_servers(ADDRESSES) as servers,
         epp_workers(tmp_path, every_pod(servers), "--worker-max-requests", "5", workers=1) as epp,
@@ -299,18 +300,29 @@ async def test_a_second_turnover_waits_for_the_row_its_predecessor_still_drains(
     ):
         serving = await epp.wait_for(lambda e: e.get("event") == "endpoint picker serving", 30)
         ext_port, metrics_port = serving["ext_proc_port"], serving["metrics_port"]
+        (first_pid,) = epp.worker_pids().values()
+        started = lambda: [e for e in epp.lines() if e.get("event") == "worker started"]  # noqa: E731
         async with grpc.aio.insecure_channel(f"127.0.0.1:{ext_port}") as held_channel:
             held = pb_grpc.ExternalProcessorStub(held_channel).Process()
             await held.write(headers())
             await held.write(body(PROMPT))
             assert lb_metadata(await held.read())  # routed, and left open
-            started = lambda: [e for e in epp.lines() if e.get("event") == "worker started"]  # noqa: E731
             deadline = time.monotonic() + 60
-            while len(started()) < 3:  # new channels: Envoy reconnects after each GOAWAY too
+            while len(started()) < 2:  # new channels: Envoy reconnects after each GOAWAY too
                 assert time.monotonic() < deadline, epp.log.read_text()[-3000:]
                 await route(ext_port, 1)
                 await asyncio.sleep(0.05)
-            held.cancel()
+            await epp.wait_for(lambda e: e.get("event") == "successor serving; draining", 30)
+            await asyncio.sleep(3)  # past --drain-timeout
+            assert running(first_pid)  # still draining: the held stream is open
+            await held.done_writing()  # the held request ends as a client's would
+            while await held.read() is not grpc.aio.EOF:
+                pass
+            assert await held.code() == grpc.StatusCode.OK
+        while len(started()) < 3:
+            assert time.monotonic() < deadline, epp.log.read_text()[-3000:]
+            await route(ext_port, 1)
+            await asyncio.sleep(0.05)
         lines = epp.lines()
         stops = [
             i for i, e in enumerate(lines) if e.get("event") == "stopped" and e.get("worker") == 0

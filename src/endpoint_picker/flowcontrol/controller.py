@@ -9,8 +9,10 @@ saturation check reads already include it.
 
 Dispatch order: strict priority between bands (highest first), the band's fairness policy
 between its flows, the flow's ordering policy within it. Before every dispatch the saturation
-detector is asked again; the dispatcher wakes on every enqueue, every finished request
-(``kick``) and every ``poll_interval`` while requests wait.
+detector is asked again, for the priority of the band the next request comes from (a detector
+may leave room to Critical requests that it refuses to lower ones); the dispatcher wakes on
+every enqueue, every finished request (``kick``) and every ``poll_interval`` while requests
+wait.
 
 Outcomes, each counted by ``FlowObserver.left`` and logged with the request id:
 
@@ -58,7 +60,7 @@ class FlowController(Generic[T]):
     def __init__(
         self,
         config: FlowControlConfig,
-        is_saturated: Callable[[], bool],
+        is_saturated: Callable[[int], bool],
         *,
         clock: Callable[[], float],
         observer: FlowObserver | None = None,
@@ -94,7 +96,7 @@ class FlowController(Generic[T]):
                     break
                 if self._bands[p].count:
                     return False
-        return not self._is_saturated()
+        return not self._is_saturated(priority)
 
     def enqueue(
         self,
@@ -152,7 +154,7 @@ class FlowController(Generic[T]):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._is_saturated():
+            if self._is_saturated(self._head_priority()):  # strict priority: the head waits
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._poll)
@@ -210,6 +212,10 @@ class FlowController(Generic[T]):
         log.info("request refused by flow control", priority=priority, reason=why)
         if self._observer is not None:
             self._observer.left(priority, REJECTED, 0.0)
+
+    def _head_priority(self) -> int:
+        """The priority of the band the next dispatch takes from (some band has a request)."""
+        return next((p for p in self._order if self._bands[p].count), 0)
 
     def _pop(self) -> QueuedRequest[T] | None:
         for p in self._order:

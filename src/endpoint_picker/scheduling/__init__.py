@@ -33,7 +33,13 @@ from endpoint_picker.scheduling.framework import (
     Scorer,
 )
 from endpoint_picker.scheduling.registry import Params, PluginContext, PluginRegistry
-from endpoint_picker.scheduling.saturation import RoomDetector, SaturationDetector, room_finder
+from endpoint_picker.scheduling.saturation import (
+    PriorityRoomDetector,
+    RoomDetector,
+    RoomFinder,
+    SaturationDetector,
+    room_finder,
+)
 
 __all__ = [
     "EndpointPickerConfig",
@@ -42,8 +48,10 @@ __all__ = [
     "Picker",
     "PluginContext",
     "PluginRegistry",
+    "PriorityRoomDetector",
     "ProfileHandler",
     "RoomDetector",
+    "RoomFinder",
     "SaturationDetector",
     "Scheduler",
     "SchedulerObserver",

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from endpoint_picker.errors import ConfigError
 from endpoint_picker.scheduling.lifecycle import InFlight
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
@@ -34,14 +35,31 @@ class RoomDetector(Protocol):
         ...
 
 
-def room_finder(
-    detector: SaturationDetector,
-) -> Callable[[Sequence[EndpointState]], Sequence[EndpointState]]:
-    """``detector.with_room``; for a detector without it, all candidates or none."""
-    if isinstance(detector, RoomDetector):
-        return detector.with_room
+@runtime_checkable
+class PriorityRoomDetector(Protocol):
+    """A detector whose room depends on the request's priority (``utilization-detector`` with
+    ``criticalRunningRequestsThreshold``): Critical work may fill what lower priorities may not."""
 
-    def all_or_none(candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+    def with_room_for(
+        self, candidates: Sequence[EndpointState], priority: int
+    ) -> Sequence[EndpointState]:
+        """The candidates with room for a request of ``priority`` (positive: Critical)."""
+        ...
+
+
+RoomFinder = Callable[[Sequence[EndpointState], int], Sequence[EndpointState]]
+
+
+def room_finder(detector: SaturationDetector) -> RoomFinder:
+    """(candidates, priority) -> the candidates with room: ``with_room_for``, else
+    ``with_room``, else all candidates or none."""
+    if isinstance(detector, PriorityRoomDetector):
+        return detector.with_room_for
+    if isinstance(detector, RoomDetector):
+        with_room = detector.with_room
+        return lambda candidates, _priority: with_room(candidates)
+
+    def all_or_none(candidates: Sequence[EndpointState], _priority: int) -> Sequence[EndpointState]:
         return () if detector.is_saturated(candidates) else candidates
 
     return all_or_none
@@ -58,11 +76,17 @@ class UtilizationDetector:
 
     ``runningRequestsThreshold`` (off unless set) also counts an endpoint running more requests
     than that (plus those routed since the scrape) as saturated: with flow control it keeps
-    server batches below their maximum, so a Critical request finds a free slot and a short
-    decode step rather than a full batch (a full batch's step time bounds its first token).
+    server batches below their maximum, so that decode steps stay short. A decode step's time
+    grows with the batch's KV context, and a first token needs at least one step, so a full
+    batch bounds every new request's TTFT from below. ``criticalRunningRequestsThreshold``
+    (default: the same) is the bound for Critical requests (flow control's positive
+    priorities): set higher, it keeps the batches short with lower-priority work and leaves
+    the difference to Critical requests, which then find short steps and a free slot.
     """
 
-    __slots__ = ("_clock", "_inflight", "_kv", "_queue", "_running", "_staleness")
+    __slots__ = (
+        "_clock", "_critical_running", "_inflight", "_kv", "_queue", "_running", "_staleness",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -71,25 +95,38 @@ class UtilizationDetector:
         kv_cache_util_threshold: float = 0.8,
         metrics_staleness_threshold: float = 0.2,
         running_requests_threshold: float = math.inf,
+        critical_running_requests_threshold: float | None = None,
         clock: Callable[[], float],
         inflight: InFlight | None = None,
     ) -> None:
         self._inflight = inflight or InFlight(clock)
         self._queue = queue_depth_threshold
         self._running = running_requests_threshold
+        self._critical_running = (
+            running_requests_threshold
+            if critical_running_requests_threshold is None
+            else critical_running_requests_threshold
+        )
         self._kv = kv_cache_util_threshold
         self._staleness = metrics_staleness_threshold
         self._clock = clock
 
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> UtilizationDetector:
+        running = params.number("runningRequestsThreshold", math.inf, minimum=1)
+        critical = params.number("criticalRunningRequestsThreshold", running, minimum=1)
+        if critical < running:
+            raise ConfigError(
+                f"must be at least runningRequestsThreshold ({running:g}): Critical requests "
+                f"never get less room than the others, got {critical:g}",
+                params.path("criticalRunningRequestsThreshold"),
+            )
         return cls(
             queue_depth_threshold=params.number("queueDepthThreshold", 5, minimum=0),
             kv_cache_util_threshold=params.number("kvCacheUtilThreshold", 0.8, minimum=0),
             metrics_staleness_threshold=params.duration("metricsStalenessThreshold", 0.2),
-            running_requests_threshold=params.number(
-                "runningRequestsThreshold", math.inf, minimum=1
-            ),
+            running_requests_threshold=running,
+            critical_running_requests_threshold=critical,
             clock=ctx.clock,
             inflight=ctx.inflight,
         )
@@ -102,9 +139,16 @@ class UtilizationDetector:
         has_room = self._has_room()
         return [e for e in candidates if has_room(e)]
 
-    def _has_room(self) -> Callable[[EndpointState], bool]:
+    def with_room_for(
+        self, candidates: Sequence[EndpointState], priority: int
+    ) -> Sequence[EndpointState]:
+        has_room = self._has_room(critical=priority > 0)
+        return [e for e in candidates if has_room(e)]
+
+    def _has_room(self, critical: bool = False) -> Callable[[EndpointState], bool]:
         oldest = max(self._clock() - self._staleness, 1e-9)
-        queue, kv, running = self._queue, self._kv, self._running
+        queue, kv = self._queue, self._kv
+        running = self._critical_running if critical else self._running
         routed_since = self._inflight.routed_since
 
         def has_room(e: EndpointState) -> bool:

@@ -31,6 +31,7 @@ from endpoint_picker.workers.messages import (
     Ask,
     CaughtUp,
     ChannelClosed,
+    Drain,
     Final,
     Init,
     MetricsUpdate,
@@ -62,6 +63,8 @@ class Worker:
         )
         self._writer = writer
         self._parent_ready = False
+        self.stop = asyncio.Event()  # SIGTERM, a Drain, or the parent gone: drain and exit
+        self.drain_grace: float | None = None  # None: --drain-timeout
 
     async def apply(self, message: object) -> None:
         datastore = self.app.datastore
@@ -81,6 +84,10 @@ class Worker:
             self._writer.write(encode(Answer(message.ask_id, self._answer(message.what))))
         elif isinstance(message, CaughtUp):
             self.serving()
+        elif isinstance(message, Drain):
+            log.info("successor serving; draining", grace_seconds=message.grace)
+            self.drain_grace = message.grace
+            self.stop.set()
 
     def _answer(self, what: str) -> object:
         if what == "metrics":
@@ -123,7 +130,7 @@ async def _run(channel_fd: int, table_fd: int) -> int:
     structlog.contextvars.bind_contextvars(worker=init.index)
     table = InFlightTable(table_fd, init.table_rows, init.table_capacity)
     worker = Worker(init, table, writer)
-    stop = asyncio.Event()
+    stop = worker.stop
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
 
@@ -148,7 +155,7 @@ async def _run(channel_fd: int, table_fd: int) -> int:
             tasks.append(asyncio.create_task(turnover, name="worker-turnover"))
         await stop.wait()
     finally:
-        await worker.app.stop()
+        await worker.app.stop(worker.drain_grace)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -109,6 +109,14 @@ class Retire:
 
 
 @dataclass(frozen=True, slots=True)
+class Drain:
+    """Parent to a retiring worker, once its successor serves: stop taking streams and give the
+    open ones up to ``grace`` seconds (a turnover is in no hurry, unlike a shutdown)."""
+
+    grace: float
+
+
+@dataclass(frozen=True, slots=True)
 class Final:
     """The worker's last exposition, sent as it exits after a drain: what it counted since the
     parent last asked stays in the merged /metrics."""

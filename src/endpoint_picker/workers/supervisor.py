@@ -31,7 +31,7 @@ from endpoint_picker.settings import Settings
 from endpoint_picker.telemetry.tasks import guarded
 from endpoint_picker.workers.fanout import Publisher
 from endpoint_picker.workers.link import WorkerLink
-from endpoint_picker.workers.messages import CaughtUp, Init, encode
+from endpoint_picker.workers.messages import CaughtUp, Drain, Init, encode
 from endpoint_picker.workers.table import InFlightTable
 
 log = structlog.get_logger(__name__)
@@ -41,6 +41,10 @@ BACKOFF_MAX = 10.0
 STABLE_AFTER = 30.0  # a worker that lived this long restarts after BACKOFF_FIRST again
 EXIT_WAIT = 5.0  # seconds from a closed channel to a reaped process (SIGKILL past it)
 START_LIMIT = 60.0  # seconds a worker gets to start serving at start-up
+# Seconds a worker replaced at --worker-max-requests gives its open streams (at least
+# --drain-timeout): long generations finish; nothing waits on it but that worker's next
+# turnover, which takes its row back only once it has gone.
+TURNOVER_GRACE = 600.0
 
 
 @dataclass(eq=False)
@@ -151,9 +155,9 @@ class Supervisor:
             current = await self._launch(current.row)
 
     async def _replace(self, index: int, old: _Running) -> _Running:
-        """Start ``old``'s successor in the other row; once it serves, drain ``old`` (SIGTERM:
-        it stops taking streams and finishes its open ones while the successor takes the new
-        connections). The successor not serving leaves ``old`` serving."""
+        """Start ``old``'s successor in the other row; once it serves, drain ``old`` (``Drain``:
+        it stops taking streams and gives its open ones ``TURNOVER_GRACE`` while the successor
+        takes the new connections). The successor not serving leaves ``old`` serving."""
         row = old.row + self._count if old.row < self._count else old.row - self._count
         successor = await self._launch(row)
         if not await self._serves(successor):
@@ -164,8 +168,9 @@ class Supervisor:
         self.recycles[index] += 1
         log.info("worker replaced at its request limit; draining the old one",
                  worker=old.row, successor=row)  # fmt: skip
-        if old.proc.poll() is None:
-            old.proc.send_signal(signal.SIGTERM)
+        grace = max(self._settings.server.drain_timeout, TURNOVER_GRACE)
+        if old.proc.poll() is None and not old.link.send(encode(Drain(grace))):
+            old.proc.send_signal(signal.SIGTERM)  # too far behind to read it: drain now
         return successor
 
     async def _serves(self, running: _Running) -> bool:

@@ -28,7 +28,7 @@ class Pool:
     now: float = 0.0
     dispatched: list[str] = field(default_factory=list)
 
-    def is_saturated(self) -> bool:
+    def is_saturated(self, priority: int) -> bool:
         return self.saturated and self.room <= 0
 
     def clock(self) -> float:
@@ -117,6 +117,30 @@ async def test_strict_priority_between_bands(running: Callable[..., None]) -> No
     await settle(pool, 5)
     assert pool.dispatched == ["c1", "c2", "std1", "s1", "s2"]
     assert [f.result() for f in futures] == ["s1", "std1", "c1", "s2", "c2"]
+
+
+async def test_room_for_critical_only_dispatches_critical_past_waiting_lower_bands(
+    running: Callable[..., None],
+) -> None:
+    """Saturation asked per priority: while only Critical work has room, Critical requests
+    leave (and skip the queue) and the lower bands keep waiting."""
+    pool = Pool()
+    flow: FlowController[str] = FlowController(
+        FlowControlConfig(),
+        lambda priority: priority <= 0,  # room for Critical only
+        clock=pool.clock,
+        poll_interval=0.001,
+    )
+    waiting = [flow.enqueue(n, pool.dispatch(n), priority=p) for n, p in [("std", 0), ("s", -1)]]
+    assert flow.admit_now(1)
+    assert not flow.admit_now(0)
+    running(flow)
+    critical = flow.enqueue("c", pool.dispatch("c"), priority=1)
+    await settle(pool, 1)
+    await asyncio.sleep(0.01)
+    assert pool.dispatched == ["c"]
+    assert critical.result() == "c"
+    assert not any(f.done() for f in waiting)
 
 
 async def test_round_robin_gives_each_flow_its_turn(running: Callable[..., None]) -> None:

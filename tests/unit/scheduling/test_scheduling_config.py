@@ -19,6 +19,7 @@ from endpoint_picker.scheduling import (
     default_registry,
     describe,
     load_config,
+    room_finder,
 )
 from endpoint_picker.settings import SchedulingSettings
 from endpoint_picker.types import EndpointState
@@ -71,7 +72,7 @@ BAD_CONFIGS = [
     (
         cfg("plugins:\n- type: utilization-detector\n  parameters: {queueDepthThresold: 3}\n"),
         "plugins[0].parameters.queueDepthThresold",
-        "unknown parameter (known: kvCacheUtilThreshold, metricsStalenessThreshold, queue",
+        "unknown parameter (known: criticalRunningRequestsThreshold, kvCacheUtilThreshold",
     ),
     (
         cfg("plugins:\n- type: utilization-detector\n  parameters: {kvCacheUtilThreshold: yes}\n"),
@@ -287,6 +288,34 @@ def test_parameters_reach_the_plugins() -> None:
     assert len(parts.scheduler.schedule(request(), eps).endpoints) == 3
     assert not parts.saturation_detector.is_saturated(eps[:2])
     assert parts.saturation_detector.is_saturated(eps[2:])
+
+
+def test_critical_running_threshold_gives_critical_requests_more_room() -> None:
+    """criticalRunningRequestsThreshold: an endpoint full for Standard work still has room for
+    Critical work; it may not be below runningRequestsThreshold (an error naming its path)."""
+    parts = build(
+        cfg(
+            "plugins:\n- type: queue-scorer\n- type: max-score-picker\n"
+            "- type: utilization-detector\n"
+            "  parameters: {queueDepthThreshold: 0, runningRequestsThreshold: 32,\n"
+            "               criticalRunningRequestsThreshold: 48}\n"
+        )
+    )
+    busy, full = endpoint(running=40, queue=0), endpoint(running=60, queue=0)
+    room = room_finder(parts.saturation_detector)
+    assert room([busy, full], 1) == [busy]
+    assert room([busy, full], 0) == []
+    assert room([busy, full], -1) == []
+    with pytest.raises(ConfigError) as caught:
+        build(
+            cfg(
+                "plugins:\n- type: utilization-detector\n"
+                "  parameters: {runningRequestsThreshold: 32,\n"
+                "               criticalRunningRequestsThreshold: 8}\n"
+            )
+        )
+    assert caught.value.path == "plugins[0].parameters.criticalRunningRequestsThreshold"
+    assert "must be at least runningRequestsThreshold (32)" in str(caught.value)
 
 
 class PreferNamed:

@@ -92,9 +92,9 @@ def test_a_detector_without_with_room_gives_all_candidates_or_none() -> None:
             return self.saturated
 
     candidates = [ok(), ok(queue=9)]
-    assert list(room_finder(OnlySaturation(False))(candidates)) == candidates
-    assert not room_finder(OnlySaturation(True))(candidates)
-    assert room_finder(DETECTOR)(candidates) == [candidates[0]]
+    assert list(room_finder(OnlySaturation(False))(candidates, 0)) == candidates
+    assert not room_finder(OnlySaturation(True))(candidates, 0)
+    assert room_finder(DETECTOR)(candidates, 0) == [candidates[0]]
 
 
 def test_running_requests_threshold_keeps_room_below_a_full_batch() -> None:
