@@ -189,3 +189,41 @@ async def test_leader_election_only_the_leader_is_ready(tmp_path: Path) -> None:
             if not stopped_first:
                 await first.stop(drain_timeout=0.1)
             await second.stop(drain_timeout=0.1)
+
+
+async def test_worker_processes_follow_the_kubernetes_source(tmp_path: Path) -> None:
+    """`--worker-max-requests` (a parent and a worker process, as the shipped Deployment runs):
+    the parent watches the API and fans the pool out; the worker routes on it, a deleted pod
+    gets no more traffic, and readiness follows the first sync."""
+    from endpoint_picker.workers import build_parent
+
+    async with fake_model_servers(ADDRS[:3]) as servers, serve_kube_api("127.0.7.9") as api:
+        api.put(model("base"))
+        for i, server in enumerate(servers):
+            api.put(pod(f"p{i}", server.address))
+        settings = settings_for(api, tmp_path)
+        settings = replace(settings, server=replace(settings.server, worker_max_requests=1000))
+        app = build_parent(settings)
+        await app.start()
+        try:
+            assert await readiness(app.ports.health) == health_pb2.HealthCheckResponse.NOT_SERVING
+            api.put(pool(port=servers[0].port))
+            await wait_until(lambda: app.health.ready, within=5)
+            routed: list[Routed] = []
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ports.ext_proc}") as channel:
+                client = Client(channel)
+                task = asyncio.create_task(route_forever(client, routed, 0))
+                try:
+                    await wait_until(lambda: len(routed) >= 30, within=10)
+                    assert {r.endpoint for r in routed} <= {s.hostport for s in servers}
+                    api.delete(pod("p1", servers[1].address))
+                    deleted_at = asyncio.get_running_loop().time()
+                    await asyncio.sleep(1.0)
+                finally:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+        finally:
+            await app.stop(drain_timeout=0.2)
+    late = [r for r in routed if r.at > deleted_at + 0.5]
+    assert late, "traffic stopped after the deletion"
+    assert all(r.endpoint != servers[1].hostport for r in late)

@@ -133,6 +133,8 @@ def test_deployment_args_parse_into_kubernetes_settings(
     assert settings.pool.pool_name == "vllm-llama3-8b"
     assert settings.pool.kubernetes.namespace == "serving"
     assert settings.server.metrics_endpoint.auth is MetricsAuth.KUBERNETES
+    assert settings.server.worker_max_requests == 1_000_000  # the grpcio leak stays bounded
+    assert settings.server.supervised
 
 
 def test_metrics_auth_rbac_lets_the_epp_review_tokens_and_nothing_more(
