@@ -35,6 +35,11 @@ class Datastore:
         self._pool_name = pool_name
         self._state: PoolState | None = None
         self._metrics: dict[str, MetricsSnapshot] = {}
+        # Every endpoint with its metrics, in pool order, and each hostport's position in it:
+        # a scrape replaces one element (a pool of a thousand endpoints is scraped thousands
+        # of times a second), and the view handed to each pick is a copy of this list.
+        self._positions: dict[str, int] = {}
+        self._states: list[EndpointState] | None = None
         self._view: tuple[EndpointState, ...] | None = None
         self._unreachable: dict[str, str] = {}  # hostport -> why
         self._listeners: list[EndpointsListener] = []
@@ -49,10 +54,11 @@ class Datastore:
         """Swap in an already resolved pool state (a worker process gets its parent's)."""
         old_endpoints = self._state.endpoints if self._state else ()
         self._state = new
-        live = {e.hostport for e in new.endpoints}
+        self._positions = {e.hostport: i for i, e in enumerate(new.endpoints)}
+        live = self._positions
         self._metrics = {k: v for k, v in self._metrics.items() if k in live}
         self._unreachable = {k: v for k, v in self._unreachable.items() if k in live}
-        self._view = None
+        self._states = self._view = None
         if new.endpoints != old_endpoints:
             log.info(
                 "pool endpoints changed",
@@ -69,23 +75,24 @@ class Datastore:
 
     def update_metrics(self, endpoint: Endpoint, snapshot: MetricsSnapshot) -> None:
         """Swap in an endpoint's metrics; late updates for removed endpoints are dropped."""
-        if self._state is None or endpoint not in self._state.endpoints:
+        hostport = endpoint.hostport
+        position = self._positions.get(hostport)
+        if position is None:
             return
-        self._metrics[endpoint.hostport] = snapshot
-        if self._unreachable.pop(endpoint.hostport, None) is not None:
-            log.info("endpoint reachable again", endpoint=endpoint.hostport)
+        self._metrics[hostport] = snapshot
+        if self._states is not None:
+            self._states[position] = EndpointState(self._states[position].endpoint, snapshot)
+        if self._unreachable.pop(hostport, None) is not None:
+            log.info("endpoint reachable again", endpoint=hostport)
         self._view = None
 
     def mark_unreachable(self, hostport: str, reason: str) -> None:
         """Keep ``hostport`` out of the view until its next successful scrape."""
-        if hostport in self._unreachable or hostport not in self._live_hostports():
+        if hostport in self._unreachable or hostport not in self._positions:
             return
         self._unreachable[hostport] = reason
         self._view = None
         log.warning("endpoint unreachable, not routing to it", endpoint=hostport, reason=reason)
-
-    def _live_hostports(self) -> set[str]:
-        return {e.hostport for e in self.endpoints}
 
     def on_endpoints_changed(self, listener: EndpointsListener) -> None:
         self._listeners.append(listener)
@@ -137,11 +144,13 @@ class Datastore:
         """Every reachable endpoint with its metrics, as of now (cached until the next change)."""
         view = self._view
         if view is None:
-            endpoints = self.endpoints
-            reachable = tuple(e for e in endpoints if e.hostport not in self._unreachable)
-            view = tuple(
-                EndpointState(e, self._metrics.get(e.hostport, EMPTY_METRICS))
-                for e in (reachable or endpoints)
-            )
-            self._view = view
+            states = self._states
+            if states is None:
+                metrics = self._metrics
+                states = self._states = [
+                    EndpointState(e, metrics.get(e.hostport, EMPTY_METRICS)) for e in self.endpoints
+                ]
+            unreachable = self._unreachable
+            reachable = [s for s in states if s.hostport not in unreachable] if unreachable else []
+            view = self._view = tuple(reachable or states)
         return view

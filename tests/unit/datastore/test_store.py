@@ -51,6 +51,39 @@ def test_updates_for_removed_endpoints_are_dropped_and_listeners_told() -> None:
     assert [s.hostport for s in store.endpoint_states()] == ["127.0.0.2:8000"]
 
 
+def test_unreachable_endpoints_leave_the_view_and_return_with_fresh_metrics() -> None:
+    """An endpoint marked unreachable leaves the view (all of them stay when all are); its
+    next good scrape brings it back with those metrics, in pool order; every view between
+    reads the latest metrics of the others."""
+    store = Datastore()
+    store.apply(state(pod("a", "127.0.0.2"), pod("b", "127.0.0.3"), pod("c", "127.0.0.4")))
+    a, b, c = store.endpoints
+    assert [s.metrics.waiting_queue_size for s in store.endpoint_states()] == [0, 0, 0]
+    store.mark_unreachable(b.hostport, "connect failure")
+    store.update_metrics(c, MetricsSnapshot(waiting_queue_size=7, updated_at=1.0))
+    view = store.endpoint_states()
+    assert [(s.hostport, s.metrics.waiting_queue_size) for s in view] == [
+        (a.hostport, 0),
+        (c.hostport, 7),
+    ]
+    store.update_metrics(b, MetricsSnapshot(waiting_queue_size=4, updated_at=2.0))
+    assert [s.metrics.waiting_queue_size for s in store.endpoint_states()] == [0, 4, 7]
+    for endpoint in (a, b, c):
+        store.mark_unreachable(endpoint.hostport, "down")
+    assert len(store.endpoint_states()) == 3  # none reachable: route on all rather than none
+    store.apply(state(pod("c", "127.0.0.4"), pod("a", "127.0.0.2")))  # b gone
+    assert {s.hostport: s.metrics.waiting_queue_size for s in store.endpoint_states()} == {
+        a.hostport: 0,
+        c.hostport: 7,
+    }
+    store.update_metrics(a, MetricsSnapshot(waiting_queue_size=2, updated_at=3.0))
+    store.update_metrics(b, MetricsSnapshot(waiting_queue_size=9, updated_at=3.0))  # late
+    # a is back; c is still unreachable, so now it leaves the view
+    assert [(s.hostport, s.metrics.waiting_queue_size) for s in store.endpoint_states()] == [
+        (a.hostport, 2)
+    ]
+
+
 def test_configured_model_names_cover_target_models() -> None:
     """InferenceModel names and their target models are configured; other names are not."""
     store = Datastore()
