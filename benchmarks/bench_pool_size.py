@@ -92,14 +92,20 @@ async def pick(stub: pb_grpc.ExternalProcessorStub) -> float:
     return took
 
 
-async def load(port: int, seconds: float, rate: float) -> list[float]:
-    """Open loop: a pick every 1/rate s whatever the earlier ones do; their latencies."""
+async def load(port: int, seconds: float, rate: float) -> tuple[list[float], int]:
+    """Open loop: a pick every 1/rate s whatever the earlier ones do; their latencies, and
+    how many failed (a gRPC error, or not routed)."""
     times: list[float] = []
+    failed = 0
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
 
         async def one() -> None:
-            times.append(await pick(stub))
+            nonlocal failed
+            try:
+                times.append(await pick(stub))
+            except (grpc.aio.AioRpcError, RuntimeError):
+                failed += 1
 
         tasks = []
         start = time.monotonic()
@@ -107,7 +113,7 @@ async def load(port: int, seconds: float, rate: float) -> list[float]:
             await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
             tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
-    return times
+    return times, failed
 
 
 def status(metrics_port: int) -> dict[str, object]:
@@ -168,19 +174,21 @@ def measure(mode: str, endpoints: list[str], args: argparse.Namespace, tmp: Path
         wait_fresh(metrics_port, len(endpoints))
         asyncio.run(load(grpc_port, 3, args.rate))  # warm-up
 
-        async def both() -> tuple[list[float], list[float]]:
+        async def both() -> tuple[tuple[list[float], int], list[float]]:
             return await asyncio.gather(
                 load(grpc_port, args.duration, args.rate),
                 sample_ages(metrics_port, args.duration),
             )
 
-        times, seen = asyncio.run(both())
+        (times, failed), seen = asyncio.run(both())
+    if not times:
+        return f"{len(endpoints):6d} {mode:7s} every pick failed ({failed})"
     p50, p99 = statistics.median(times) * 1e3, percentile(times, 0.99) * 1e3
     age50, age99 = statistics.median(seen) * 1e3, percentile(seen, 0.99) * 1e3
     return (
         f"{len(endpoints):6d} {mode:7s} {len(times) / args.duration:8.0f} picks/s   "
         f"pick p50 {p50:6.2f} ms  p99 {p99:7.2f} ms   metrics age p50 {age50:5.0f} ms  "
-        f"p99 {age99:5.0f} ms"
+        f"p99 {age99:5.0f} ms" + (f"   FAILED {failed}" if failed else "")
     )
 
 
