@@ -346,6 +346,8 @@ class App:
         ext_address = _format_address(host, server_settings.grpc_port)
         health_address = _format_address(host, server_settings.grpc_health_port)
         if director is not None:
+            if self._worker is not None and self._worker.before_listen is not None:
+                await self._worker.before_listen()
             ext_port = await self._start_ext_proc(director, ext_address, tls, client_ca)
         else:
             assert self._routers is not None

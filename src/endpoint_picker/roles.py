@@ -8,6 +8,7 @@ with its siblings by SO_REUSEPORT.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +23,9 @@ class WorkerRole:
     inflight: InFlight  # a SharedInFlight over the machine-wide table
     tls: tuple[bytes, bytes] | None  # the parent's (key, chain): one certificate for all
     client_ca: bytes | None
+    # Awaited once the director is built and before the ext_proc port listens: the worker
+    # applies its parent's pool and snapshots there, so that no stream finds it without them.
+    before_listen: Callable[[], Awaitable[None]] | None = None
 
 
 class Routers(Protocol):

@@ -189,7 +189,9 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
         deadline = time.monotonic() + 20
         while (await metrics(session, metrics_port))["inference_extension_workers_serving"] < 2:
             assert time.monotonic() < deadline, "the replacement never served"
-            await asyncio.sleep(0.1)
+            # new connections all through the restart: the replacement listens only with
+            # the pool applied, so none of them may meet a worker without it (a 503)
+            assert set(await route(ext_port, 1)) <= hostports
         for _ in range(4):
             assert set(await route(ext_port, 2)) <= hostports
         seen = await metrics(session, metrics_port)

@@ -54,17 +54,46 @@ TURNOVER_CHECK = 1.0  # seconds between two looks at the streams served (--worke
 class Worker:
     """Applies the parent's messages to one worker's ``App``."""
 
-    def __init__(self, init: Init, table: InFlightTable, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        init: Init,
+        table: InFlightTable,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
         self._row = TableRow(table, init.index)
         self.inflight = SharedInFlight(self._row)
-        self.app = App(
-            init.settings,
-            worker=WorkerRole(self.inflight, tls=init.tls, client_ca=init.client_ca),
+        role = WorkerRole(
+            self.inflight, tls=init.tls, client_ca=init.client_ca, before_listen=self._catch_up
         )
+        self.app = App(init.settings, worker=role)
+        self._reader = reader
         self._writer = writer
         self._parent_ready = False
+        self._caught_up = asyncio.Event()
+        self.follower: asyncio.Task[None] | None = None
         self.stop = asyncio.Event()  # SIGTERM, a Drain, or the parent gone: drain and exit
         self.drain_grace: float | None = None  # None: --drain-timeout
+
+    async def _catch_up(self) -> None:
+        """Follow the parent from now on (the director is built: it sees every frame), and
+        return once what the parent held at our start is applied, or we are told to stop."""
+        self.follower = asyncio.create_task(self._follow_parent(), name="worker-channel")
+        caught_up = asyncio.create_task(self._caught_up.wait())
+        stopped = asyncio.create_task(self.stop.wait())
+        await asyncio.wait((caught_up, stopped), return_when=asyncio.FIRST_COMPLETED)
+        caught_up.cancel()
+        stopped.cancel()
+
+    async def _follow_parent(self) -> None:
+        try:
+            while True:
+                await self.apply(await read_message(self._reader))
+        except ChannelClosed:
+            log.info("parent channel closed; draining")
+        except Exception:  # a frame we cannot apply: never serve a frozen pool silently
+            log.exception("cannot apply the parent's update; draining")
+        self.stop.set()
 
     async def apply(self, message: object) -> None:
         datastore = self.app.datastore
@@ -83,7 +112,7 @@ class Worker:
         elif isinstance(message, Ask):
             self._writer.write(encode(Answer(message.ask_id, self._answer(message.what))))
         elif isinstance(message, CaughtUp):
-            self.serving()
+            self._caught_up.set()
         elif isinstance(message, Drain):
             log.info("successor serving; draining", grace_seconds=message.grace)
             self.drain_grace = message.grace
@@ -101,8 +130,8 @@ class Worker:
         await self.app.health.set_ready(self._parent_ready and self.app.datastore.loaded)
 
     def serving(self) -> None:
-        """Tell the parent this worker serves: its ext_proc server is up and it has applied
-        the pool and snapshots the parent held when it started."""
+        """Tell the parent this worker serves: it has applied the pool and snapshots the
+        parent held when it started, and then its ext_proc server started listening."""
         self._writer.write(encode(Serving(True)))
 
     async def turnover(self, limit: int) -> None:
@@ -129,26 +158,16 @@ async def _run(channel_fd: int, table_fd: int) -> int:
     configure_logging(init.settings.logging.format, init.settings.logging.level)
     structlog.contextvars.bind_contextvars(worker=init.index)
     table = InFlightTable(table_fd, init.table_rows, init.table_capacity)
-    worker = Worker(init, table, writer)
+    worker = Worker(init, table, reader, writer)
     stop = worker.stop
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-
-    async def follow_parent() -> None:
-        try:
-            while True:
-                await worker.apply(await read_message(reader))
-        except ChannelClosed:
-            log.info("parent channel closed; draining")
-        except Exception:  # a frame we cannot apply: never serve a frozen pool silently
-            log.exception("cannot apply the parent's update; draining")
-        stop.set()
-
     tasks: list[asyncio.Task[None]] = []
     try:
-        # the director subscribes to pool changes as it is built: apply nothing before that
+        # listens only once the parent's pool and snapshots are applied (``_catch_up``)
         await worker.app.start()
-        tasks.append(asyncio.create_task(follow_parent(), name="worker-channel"))
+        if not stop.is_set():
+            worker.serving()
         limit = init.settings.server.worker_max_requests
         if limit > 0:
             turnover = guarded("worker-turnover", worker.turnover(limit))
@@ -156,6 +175,8 @@ async def _run(channel_fd: int, table_fd: int) -> int:
         await stop.wait()
     finally:
         await worker.app.stop(worker.drain_grace)
+        if worker.follower is not None:
+            tasks.append(worker.follower)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
