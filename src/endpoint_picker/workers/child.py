@@ -3,9 +3,12 @@
 It reads ``Init`` from its channel, builds the ordinary ``App`` in worker mode (ext_proc on the
 shared port with SO_REUSEPORT, its own director, scheduler and flow control; no pool source,
 scrapers, health port or metrics port: the parent has those) and applies what the parent sends
-to its datastore. It drains on SIGTERM (from the parent) and when its channel closes (the
-parent is gone: a worker never outlives it). SIGINT is ignored: Ctrl-C reaches the whole
-process group, and the parent turns it into the drain it orders.
+to its datastore; it starts listening only once it has applied what the parent held when it
+started (``CaughtUp``), then reports ``Serving``. It drains on SIGTERM (from the parent), on
+``Drain`` (its successor serves: ``--worker-max-requests``, which it asks for with ``Retire``)
+and when its channel closes (the parent is gone: a worker never outlives it), and sends its
+last exposition (``Final``) as it exits. SIGINT is ignored: Ctrl-C reaches the whole process
+group, and the parent turns it into the drain it orders.
 """
 
 from __future__ import annotations
