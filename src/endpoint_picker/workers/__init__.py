@@ -11,7 +11,8 @@
 The parent publishes the pool and each metrics snapshot to every worker over a socketpair
 (``fanout``, ``messages``); in-flight counts per endpoint are summed from a shared table with a
 row per worker (``table``); ``/metrics`` is one view (``merge``); ``supervisor`` restarts a
-worker that dies and drains them all on SIGTERM. Prefix indexes and session maps stay per
+worker that dies, turns a worker over at ``--worker-max-requests`` (its successor serving
+before it drains) and drains them all on SIGTERM. Prefix indexes and session maps stay per
 worker: they agree through deterministic placement (``scheduling.placement``).
 """
 
