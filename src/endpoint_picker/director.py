@@ -19,6 +19,7 @@ saturation detector says have room (all of them when none has).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import random
@@ -302,7 +303,11 @@ class Director:
         """Flow control's step: schedule now when the pool has room and nobody of this priority
         waits; otherwise queue (flow control replaces shedding: Sheddable requests wait too)."""
         priority = priority_of(request)
-        if flow.admit_now(priority):
+        ready = None
+        if subset is not None:  # only some endpoints will do: wait until one of them has room
+            self._candidates(subset)  # no eligible endpoint: a 503 now, not after a wait
+            ready = functools.partial(self._subset_has_room, subset, priority)
+        if flow.admit_now(priority, ready):
             return self._schedule(request, subset, shed=False)
         future = flow.enqueue(
             request.request_id,
@@ -311,8 +316,18 @@ class Director:
             flow_id=request.headers.get(FAIRNESS_HEADER, ""),
             size=len(request.raw_body),
             timeout=_client_timeout(request.headers.get(TIMEOUT_HEADER)),
+            ready=ready,
         )
         return QueuedRoute(request, future)
+
+    def _subset_has_room(self, subset: Sequence[str], priority: int) -> bool:
+        """Whether an endpoint of the subset hint, as the pool is now, has room for
+        ``priority``; True when none is eligible any more, so that the dispatch answers it."""
+        try:
+            candidates = self._candidates(subset)
+        except RequestError:
+            return True
+        return bool(self._with_room(candidates, priority))
 
     def route_headers_only(
         self, request_id: str, path: str, subset: Sequence[str] | None

@@ -211,3 +211,31 @@ def scraped_queue(app: App, hostport: str) -> int:
         if state.hostport == hostport:
             return state.metrics.waiting_queue_size
     return -1
+
+
+async def test_a_subset_hinted_request_waits_for_its_own_endpoint_without_holding_others(
+    tmp_path: Path,
+) -> None:
+    """Server 0 busy, server 1 idle: a request whose subset hint names server 0 waits in the
+    queue (it is not sent into server 0's queue), while a request of the same priority without
+    a hint goes past it to server 1; when server 0 frees up the hinted one goes there."""
+    async with flow_app(tmp_path, busy=False) as (app, client, servers):
+        assert app.flow is not None
+        flow = app.flow
+        servers[0].metrics_text = BUSY
+        await until(lambda: app.datastore.endpoint_states()[0].metrics.waiting_queue_size == 50)
+        hinted_messages = [
+            headers(subset=[servers[0].hostport]),
+            body(json_body({"model": "std", "prompt": "pinned"})),
+        ]
+        hinted = asyncio.create_task(client.exchange(hinted_messages))  # type: ignore[arg-type]
+        await until(lambda: flow.waiting == 1)
+        free = await asyncio.wait_for(send(client, "std", []), 5)
+        assert free == servers[1].hostport  # went past the waiting, hinted request
+        await asyncio.sleep(0.1)
+        assert not hinted.done()
+        assert flow.waiting == 1
+        servers[0].metrics_text = IDLE
+        out = await asyncio.wait_for(hinted, 5)
+        assert lb_metadata(out[0]) == servers[0].hostport
+        assert flow.waiting == 0

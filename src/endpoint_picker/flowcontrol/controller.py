@@ -87,16 +87,16 @@ class FlowController(Generic[T]):
         band = self._bands.get(priority)
         return band.count if band else 0
 
-    def admit_now(self, priority: int) -> bool:
+    def admit_now(self, priority: int, ready: Callable[[], bool] | None = None) -> bool:
         """Whether a request of ``priority`` may skip the queue: nobody of this priority or
-        higher waits, and the pool has room."""
+        higher waits, the pool has room, and the request can go (``ready``, as ``enqueue``)."""
         if self._count:
             for p in self._order:
                 if p < priority:
                     break
                 if self._bands[p].count:
                     return False
-        return not self._is_saturated(priority)
+        return not self._is_saturated(priority) and (ready is None or ready())
 
     def enqueue(
         self,
@@ -107,11 +107,14 @@ class FlowController(Generic[T]):
         flow_id: str = DEFAULT_FLOW,
         size: int = 0,
         timeout: float | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> asyncio.Future[T]:
         """Queue a request; the future resolves to ``dispatch()``'s result, or raises
         ``TooManyRequestsError`` (full, evicted) or ``ServiceUnavailableError`` (expired).
 
-        ``timeout`` (seconds, e.g. the client's own) shortens the band's TTL.
+        ``timeout`` (seconds, e.g. the client's own) shortens the band's TTL. ``ready``: whether
+        the request could go now besides the pool having room (a subset hint's endpoints); until
+        it can, the dispatcher passes over its flow.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -129,7 +132,7 @@ class FlowController(Generic[T]):
         self._seq += 1
         item = QueuedRequest(
             request_id, flow_id or DEFAULT_FLOW, priority, size, now, now + ttl, self._seq,
-            dispatch, contextvars.copy_context(), future,
+            dispatch, contextvars.copy_context(), future, ready=ready,
         )  # fmt: skip
         band.push(item)
         heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
@@ -154,14 +157,13 @@ class FlowController(Generic[T]):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._is_saturated(self._head_priority()):  # strict priority: the head waits
+            item = self._next_ready()
+            if item is None:  # saturated (for the head's priority), or nothing can go yet
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._poll)
                 continue
-            item = self._pop()
-            if item is not None:
-                self._dispatch(item)
+            self._dispatch(item)
             await asyncio.sleep(0)  # let the stream it woke, and everything else, run
 
     def close(self) -> None:
@@ -213,18 +215,20 @@ class FlowController(Generic[T]):
         if self._observer is not None:
             self._observer.left(priority, REJECTED, 0.0)
 
-    def _head_priority(self) -> int:
-        """The priority of the band the next dispatch takes from (some band has a request)."""
-        return next((p for p in self._order if self._bands[p].count), 0)
-
-    def _pop(self) -> QueuedRequest[T] | None:
+    def _next_ready(self) -> QueuedRequest[T] | None:
+        """The next request to dispatch: strict priority between bands, as long as the pool
+        has room for the band's priority (a lower one never has more); a band whose waiting
+        requests cannot go yet (``QueuedRequest.ready``) lets the next band go."""
         for p in self._order:
             band = self._bands[p]
-            if band.count:
-                item = band.pop()
-                band.compact()
-                if item is not None:
-                    return item
+            if not band.count:
+                continue
+            if self._is_saturated(p):
+                return None
+            item = band.pop(ready_only=True)
+            band.compact()
+            if item is not None:
+                return item
         return None
 
     def _dispatch(self, item: QueuedRequest[T]) -> None:

@@ -36,6 +36,12 @@ class QueuedRequest(Generic[T]):
     context: Context
     future: Any = field(repr=False)  # asyncio.Future[T]
     gone: bool = False  # left the queue (dispatched, cancelled, expired, evicted)
+    # Whether the request could go now besides the pool having room (None: always): a
+    # request limited to some endpoints (a subset hint) waits until one of them has room.
+    ready: Callable[[], bool] | None = None
+
+    def can_go(self) -> bool:
+        return self.ready is None or self.ready()
 
 
 class Flow(Generic[T]):
@@ -74,6 +80,30 @@ class Flow(Generic[T]):
                 self._fifo.popleft()
         return item
 
+    def first_ready(self) -> QueuedRequest[T] | None:
+        """The first live request in this flow's order that can go (``can_go``). The head
+        is checked first; the rest are scanned only when it cannot go (rare: subset hints)."""
+        head = self.head()
+        if head is None or head.can_go():
+            return head
+        items = (
+            [entry[2] for entry in sorted(self._heap)]
+            if self._ordering is OrderingPolicy.EDF
+            else list(self._fifo)
+        )
+        return next((i for i in items if not i.gone and i.can_go()), None)
+
+    def take(self, item: QueuedRequest[T]) -> None:
+        """Remove ``item`` (the head, or a ``first_ready`` answer) from the order: O(log n)
+        for the head, a scan for any other."""
+        if self.head() is item:
+            self.pop()
+        elif self._ordering is OrderingPolicy.EDF:
+            self._heap = [entry for entry in self._heap if entry[2] is not item]
+            heapq.heapify(self._heap)
+        else:
+            self._fifo.remove(item)
+
 
 class Band(Generic[T]):
     """The requests of one priority: counts, limits, and the fairness between its flows."""
@@ -110,19 +140,27 @@ class Band(Generic[T]):
         self.count -= 1
         self.bytes -= item.size
 
-    def pop(self) -> QueuedRequest[T] | None:
-        """The next request by the band's fairness policy (``None``: nothing waits)."""
+    def pop(self, ready_only: bool = False) -> QueuedRequest[T] | None:
+        """The next request by the band's fairness policy (``None``: nothing waits).
+
+        ``ready_only``: pass over the requests that cannot go yet (``can_go``), in a flow's
+        order: the first one that can goes; a flow none of whose requests can keeps its turn.
+        """
         if self.count == 0:
             return None
         if self.config.fairness is FairnessPolicy.GLOBAL_FIFO:
-            return self._pop_oldest()
-        while self._active:
+            return self._pop_oldest(ready_only)
+        for _ in range(len(self._active)):
             flow_id = self._active.popleft()
             flow = self._flows[flow_id]
-            item = flow.pop()
-            if item is None:  # its requests all left early
+            if flow.head() is None:  # its requests all left early
                 del self._flows[flow_id]
                 continue
+            item = flow.first_ready() if ready_only else flow.head()
+            if item is None:  # none of its requests can go yet: it keeps its turn
+                self._active.append(flow_id)
+                continue
+            flow.take(item)
             if flow.head() is None:
                 del self._flows[flow_id]
             else:
@@ -130,23 +168,25 @@ class Band(Generic[T]):
             return item
         return None
 
-    def _pop_oldest(self) -> QueuedRequest[T] | None:
+    def _pop_oldest(self, ready_only: bool) -> QueuedRequest[T] | None:
         best: Flow[T] | None = None
-        best_seq = 0
+        best_item: QueuedRequest[T] | None = None
         for flow_id in list(self._active):
-            head = self._flows[flow_id].head()
-            if head is None:
+            flow = self._flows[flow_id]
+            if flow.head() is None:
                 del self._flows[flow_id]
                 self._active.remove(flow_id)
-            elif best is None or head.seq < best_seq:
-                best, best_seq = self._flows[flow_id], head.seq
-        if best is None:
+                continue
+            item = flow.first_ready() if ready_only else flow.head()
+            if item is not None and (best_item is None or item.seq < best_item.seq):
+                best, best_item = flow, item
+        if best is None or best_item is None:
             return None
-        item = best.pop()
+        best.take(best_item)
         if best.head() is None:
             del self._flows[best.flow_id]
             self._active.remove(best.flow_id)
-        return item
+        return best_item
 
     def newest(self) -> QueuedRequest[T] | None:
         """The live request that arrived last (the one to evict: it has waited least)."""

@@ -143,6 +143,38 @@ async def test_room_for_critical_only_dispatches_critical_past_waiting_lower_ban
     assert not any(f.done() for f in waiting)
 
 
+@pytest.mark.parametrize("fairness", [FairnessPolicy.ROUND_ROBIN, FairnessPolicy.GLOBAL_FIFO])
+@pytest.mark.parametrize("ordering", [OrderingPolicy.FCFS, OrderingPolicy.EDF])
+async def test_a_request_that_cannot_go_yet_lets_other_flows_and_bands_go(
+    running: Callable[..., None], fairness: FairnessPolicy, ordering: OrderingPolicy
+) -> None:
+    """A request whose own endpoints are busy (``ready`` false, a subset hint) waits without
+    holding back anything: the requests behind it in its flow, other flows, lower bands; it
+    leaves once it can; admit_now refuses such a request meanwhile."""
+    pool = Pool()
+    config = FlowControlConfig(default_band=BandConfig(fairness=fairness, ordering=ordering))
+    flow = controller(pool, config)
+    pinned_free = False
+    pinned = flow.enqueue(
+        "pinned", pool.dispatch("pinned"), priority=0, flow_id="a", ready=lambda: pinned_free
+    )
+    flow.enqueue("a2", pool.dispatch("a2"), priority=0, flow_id="a")  # behind it, in its flow
+    flow.enqueue("b1", pool.dispatch("b1"), priority=0, flow_id="b")
+    flow.enqueue("low", pool.dispatch("low"), priority=-1)
+    running(flow)
+    pool.room = 3
+    await settle(pool, 3)
+    assert pool.dispatched == ["a2", "b1", "low"]
+    assert not pinned.done()
+    pool.saturated = False
+    assert not flow.admit_now(1, lambda: False)
+    assert flow.admit_now(1, lambda: True)
+    pinned_free = True
+    flow.kick()
+    await settle(pool, 4)
+    assert pool.dispatched == ["a2", "b1", "low", "pinned"]
+
+
 async def test_round_robin_gives_each_flow_its_turn(running: Callable[..., None]) -> None:
     """A tenant offering 3x the requests of another gets every other dispatch, not 3 of 4."""
     pool = Pool()
