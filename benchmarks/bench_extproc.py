@@ -219,6 +219,22 @@ def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
             proc.wait()
 
 
+@contextlib.contextmanager
+def backend_fleet(
+    envoy: str, endpoints: list[str], tmp: Path, within: float = 30.0
+) -> Iterator[None]:
+    """The model-server endpoints, answered by one Envoy (``backend_config``), up and ready."""
+    admin = free_port()
+    (tmp / "backend.yaml").write_text(backend_config(endpoints, admin))
+    with process(
+        [envoy, "-c", str(tmp / "backend.yaml"), "--concurrency", "1",
+         "--log-level", "error", "--base-id", str(admin)],
+        tmp / "backend.log",
+    ):  # fmt: skip
+        wait_ready(admin, within)
+        yield
+
+
 def wait_ready(admin_port: int, within: float = 30.0) -> None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -419,14 +435,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-extproc-") as tmp_name:
         tmp = Path(tmp_name)
         endpoints = [f"127.0.0.{i + 2}:{args.backend_port}" for i in range(args.endpoints)]
-        backend_admin = free_port()
-        (tmp / "backend.yaml").write_text(backend_config(endpoints, backend_admin))
-        with process(
-            [args.envoy, "-c", str(tmp / "backend.yaml"), "--concurrency", "1",
-             "--log-level", "error", "--base-id", str(backend_admin)],
-            tmp / "backend.log",
-        ):  # fmt: skip
-            wait_ready(backend_admin)
+        with backend_fleet(args.envoy, endpoints, tmp):
             # Rounds alternate the modes: this host's speed drifts by tens of percent over
             # minutes, so modes are compared round by round and summarised by the median.
             rounds: dict[str, list[tuple[float, float, int, float]]] = {}

@@ -43,11 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_extproc import (  # the fleet Envoy and the pool file of that benchmark
     BIN,
     PROMPT,
-    backend_config,
+    backend_fleet,
     free_port,
     pool_file,
     process,
-    wait_ready,
 )
 
 PORT = 18000
@@ -205,14 +204,7 @@ def main() -> None:
         endpoints = addresses(size)
         with tempfile.TemporaryDirectory(prefix="bench-pool-size-") as tmp_name:
             tmp = Path(tmp_name)
-            admin = free_port()
-            (tmp / "fleet.yaml").write_text(backend_config(endpoints, admin))
-            with process(
-                [args.envoy, "-c", str(tmp / "fleet.yaml"), "--concurrency", "1",
-                 "--log-level", "error", "--base-id", str(admin)],
-                tmp / "fleet.log",
-            ):  # fmt: skip
-                wait_ready(admin, within=120)
+            with backend_fleet(args.envoy, endpoints, tmp, within=120):
                 for _ in range(args.rounds):
                     for mode in args.modes.split(","):
                         print(measure(mode, endpoints, args, tmp), flush=True)

@@ -423,11 +423,6 @@ class Director:
             )
         return chosen
 
-    def is_saturated(self, priority: int = 0) -> bool:
-        """Whether no endpoint of the pool has room for a request of ``priority`` (flow
-        control's dispatch check)."""
-        return not self._with_room(self._pool.endpoint_states(), priority)
-
     def _schedule(
         self, request: LLMRequest, subset: Sequence[str] | None, *, shed: bool = True
     ) -> RoutingDecision:

@@ -54,8 +54,7 @@ class Datastore:
         """Swap in an already resolved pool state (a worker process gets its parent's)."""
         old_endpoints = self._state.endpoints if self._state else ()
         self._state = new
-        self._positions = {e.hostport: i for i, e in enumerate(new.endpoints)}
-        live = self._positions
+        live = self._positions = {e.hostport: i for i, e in enumerate(new.endpoints)}
         self._metrics = {k: v for k, v in self._metrics.items() if k in live}
         self._unreachable = {k: v for k, v in self._unreachable.items() if k in live}
         self._states = self._view = None

@@ -136,8 +136,7 @@ class UtilizationDetector:
         return not any(has_room(e) for e in candidates)
 
     def with_room(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
-        has_room = self._has_room()
-        return [e for e in candidates if has_room(e)]
+        return self.with_room_for(candidates, 0)
 
     def with_room_for(
         self, candidates: Sequence[EndpointState], priority: int

@@ -106,7 +106,6 @@ class WorkerPool(Collector):
         self.health = GatedHealth(self.publisher.readiness)
         self._inflight = TableCounts(self._table, self._slots)
         self._decisions = MergedDecisions()
-        self._expositions: dict[int, bytes] = {}
         # per row: (its process generation when collected, that process's last exposition)
         self._last: dict[int, tuple[int, bytes]] = {}
         self._retired = b""  # dead workers' last counters and histograms, summed
@@ -180,7 +179,6 @@ class WorkerPool(Collector):
         for link, answer in zip(links, metrics, strict=True):
             if answer:  # no answer in time: its previous one stands
                 self._last[link.index] = (generations[link.index], answer)
-        self._expositions = {index: text for index, (_, text) in self._last.items()}
         merged = [
             {**item, "worker": link.index}
             for link, items in zip(links, decisions, strict=True)
@@ -190,7 +188,7 @@ class WorkerPool(Collector):
         self._decisions.items = merged[:DEFAULT_SIZE]
 
     def render(self, own: bytes) -> bytes:
-        live = [self._expositions[i] for i in sorted(self._expositions)]
+        live = [text for _, (_, text) in sorted(self._last.items())]
         return merge_expositions(own, [*live, self._retired])
 
     def collect(self) -> Iterator[Metric]:
@@ -224,8 +222,8 @@ class WorkerPool(Collector):
             recycles.add_metric(
                 [str(index)], float(supervisor.recycles[index] if supervisor else 0)
             )
-        for index, text in sorted(self._expositions.items()):
-            requests.add_metric([str(index)], requests_counted(text))
+        for row, (_, text) in sorted(self._last.items()):
+            requests.add_metric([str(row)], requests_counted(text))
         yield restarts
         yield recycles
         yield requests
