@@ -10,8 +10,10 @@ is full, the request lands elsewhere and that endpoint becomes a second home for
 
 from __future__ import annotations
 
+import math
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
@@ -50,29 +52,103 @@ class BoundedLoadFilter:
     The mean and the minimum are over the candidates. ``slack`` keeps a lightly loaded pool
     free to follow affinity (one or two requests of difference mean nothing); ``factor`` bounds
     how far above the mean any endpoint may be pushed by affinity.
+
+    With ``smoothing`` (a time constant, seconds), that bound applies to each endpoint's load
+    averaged over about that long (an exponentially weighted moving average, decayed by the time
+    between picks), so the ordinary ups and downs of a few requests under even traffic no longer
+    send a request away from its prefix's holder, where it pays a full prefill; a sustained hot
+    spot still crosses the bound within about ``smoothing``. Meanwhile the instantaneous load is
+    held to ``max(burstFactor x mean, min + slack)``, so a sudden burst on one prefix cannot
+    pile up while the average catches up.
     """
 
-    __slots__ = ("_factor", "_inflight", "_slack")
+    __slots__ = (
+        "_averages",
+        "_burst",
+        "_clock",
+        "_factor",
+        "_inflight",
+        "_picks",
+        "_slack",
+        "_tau",
+    )
 
-    def __init__(self, factor: float, slack: int, inflight: InFlight) -> None:
+    _PRUNE_EVERY = 4096  # picks between sweeps of the averages of endpoints no longer seen
+    _FORGET_AFTER = 60.0  # seconds without a pick before an endpoint's average is dropped
+
+    def __init__(
+        self,
+        factor: float,
+        slack: int,
+        inflight: InFlight,
+        *,
+        smoothing: float = 0.0,
+        burst_factor: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._factor = factor
         self._slack = slack
         self._inflight = inflight
+        self._tau = smoothing
+        self._burst = burst_factor
+        self._clock = clock
+        self._averages: dict[str, tuple[float, float]] = {}  # hostport -> (average, updated at)
+        self._picks = 0
 
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> BoundedLoadFilter:
+        factor = params.number("factor", 1.25, minimum=1.0)
         return cls(
-            params.number("factor", 1.25, minimum=1.0),
+            factor,
             params.integer("slack", 2, minimum=0),
             ctx.inflight,
+            smoothing=params.duration("smoothing", 0.0),
+            burst_factor=params.number("burstFactor", max(2.0, factor), minimum=factor),
+            clock=ctx.clock,
         )
 
     def filter(
         self, request: LLMRequest, endpoints: Sequence[EndpointState]
     ) -> Sequence[EndpointState]:
         loads = endpoint_loads(endpoints, self._inflight)
-        bound = max(self._factor * sum(loads) / len(loads), min(loads) + self._slack)
-        return [e for e, load in zip(endpoints, loads, strict=True) if load <= bound]
+        if self._tau <= 0.0:
+            bound = max(self._factor * sum(loads) / len(loads), min(loads) + self._slack)
+            return [e for e, load in zip(endpoints, loads, strict=True) if load <= bound]
+        averages = self._smooth(endpoints, loads)
+        bound = max(self._factor * sum(averages) / len(averages), min(averages) + self._slack)
+        burst = max(self._burst * sum(loads) / len(loads), min(loads) + self._slack)
+        return [
+            e
+            for e, load, average in zip(endpoints, loads, averages, strict=True)
+            if average <= bound and load <= burst
+        ]
+
+    def _smooth(self, endpoints: Sequence[EndpointState], loads: list[int]) -> list[float]:
+        """Each endpoint's moving average, updated with its load now."""
+        now = self._clock()
+        tau = self._tau
+        table = self._averages
+        weights: dict[float, float] = {}  # most endpoints share their last update time
+        out = []
+        for state, load in zip(endpoints, loads, strict=True):
+            key = state.endpoint.hostport
+            entry = table.get(key)
+            if entry is None:
+                average = float(load)
+            else:
+                previous, since = entry
+                weight = weights.get(since)
+                if weight is None:
+                    weight = weights[since] = math.exp(-max(now - since, 0.0) / tau)
+                average = load + (previous - load) * weight
+            table[key] = (average, now)
+            out.append(average)
+        self._picks += 1
+        if self._picks % self._PRUNE_EVERY == 0:
+            horizon = now - max(self._FORGET_AFTER, 10 * tau)
+            for key in [k for k, (_, since) in table.items() if since < horizon]:
+                del table[key]
+        return out
 
 
 class InFlightLoadScorer:
