@@ -25,7 +25,7 @@ EXAMPLE_TEXTS = {
 # Each built-in plugin type with the parameters it reads.
 PARAMETERS = {
     "stale-metrics-filter": ["stalenessThreshold"],
-    "bounded-load-filter": ["factor", "slack"],
+    "bounded-load-filter": ["factor", "slack", "smoothing", "burstFactor"],
     "prefix-cache-scorer": ["blockSizeTokens", "maxPrefixBlocksToMatch", "lruCapacityPerServer"],
     "session-affinity-scorer": ["sessionHeader", "maxSessions"],
     "inflight-load-scorer": [],

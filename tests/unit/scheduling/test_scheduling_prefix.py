@@ -205,6 +205,90 @@ def test_bounded_load_filter_counts_server_reported_load() -> None:
     assert BoundedLoadFilter(1.25, 2, inflight).filter(completion("x"), [busy, idle]) == [idle]
 
 
+class _Loads:
+    """Sets each endpoint's in-flight count to a value, through routed and finished events."""
+
+    def __init__(self, inflight: InFlight) -> None:
+        self._inflight = inflight
+        self._ids: dict[str, list[str]] = {}
+        self._next = 0
+
+    def set(self, hostport: str, n: int) -> None:
+        ids = self._ids.setdefault(hostport, [])
+        while len(ids) < n:
+            self._next += 1
+            ids.append(f"{hostport}-{self._next}")
+            self._inflight.on_routed(Routed(completion("x", rid=ids[-1]), hostport))
+        while len(ids) > n:
+            self._inflight.on_finished(Finished(ids.pop(), ok=True))
+
+
+def _smoothed(tau: float, now: list[float]) -> tuple[BoundedLoadFilter, _Loads, list[Any]]:
+    inflight = InFlight()
+    bounded = BoundedLoadFilter(1.25, 2, inflight, smoothing=tau, clock=lambda: now[0])
+    return bounded, _Loads(inflight), [endpoint() for _ in range(4)]
+
+
+def test_smoothed_bound_ignores_a_short_swing() -> None:
+    """Steady even load, then one endpoint jumps for a moment: with smoothing it stays a
+    candidate (its average barely moved), where the instantaneous bound drops it."""
+    now = [0.0]
+    bounded, loads, endpoints = _smoothed(3.0, now)
+    for e in endpoints:
+        loads.set(e.hostport, 8)
+    for step in range(30):  # 3 s of even load, a pick every 0.1 s
+        now[0] = step * 0.1
+        assert len(bounded.filter(completion("x"), endpoints)) == 4
+    loads.set(endpoints[0].hostport, 13)  # past max(1.25 x 9.25, 8 + 2) now
+    now[0] += 0.1
+    assert bounded.filter(completion("x"), endpoints) == endpoints
+    instant = BoundedLoadFilter(1.25, 2, bounded._inflight)
+    assert endpoints[0] not in instant.filter(completion("x"), endpoints)
+
+
+def test_smoothed_bound_catches_a_sustained_hot_spot() -> None:
+    """The same jump held for about the smoothing time crosses the bound on the average."""
+    now = [0.0]
+    bounded, loads, endpoints = _smoothed(1.0, now)
+    for e in endpoints:
+        loads.set(e.hostport, 8)
+    bounded.filter(completion("x"), endpoints)
+    loads.set(endpoints[0].hostport, 14)
+    kept_after = None
+    for step in range(1, 50):
+        now[0] = step * 0.1
+        if endpoints[0] not in bounded.filter(completion("x"), endpoints):
+            kept_after = now[0]
+            break
+    # the average (8 -> 14, time constant 1 s) passes 1.25 x the mean after about 0.7 s
+    assert kept_after is not None
+    assert 0.5 < kept_after < 3.0
+
+
+def test_smoothed_bound_still_caps_a_burst() -> None:
+    """A sudden burst past burstFactor x mean is cut at once, before the average moves."""
+    now = [0.0]
+    bounded, loads, endpoints = _smoothed(10.0, now)
+    for e in endpoints:
+        loads.set(e.hostport, 4)
+    bounded.filter(completion("x"), endpoints)
+    loads.set(endpoints[0].hostport, 15)  # 15 > 2 x 6.75 and > 4 + 2
+    now[0] = 0.01
+    assert bounded.filter(completion("x"), endpoints) == endpoints[1:]
+
+
+def test_smoothed_averages_are_forgotten_for_endpoints_that_left() -> None:
+    """The table of averages stays bounded by the endpoints picked over the last minute."""
+    now = [0.0]
+    bounded, _, endpoints = _smoothed(1.0, now)
+    bounded.filter(completion("x"), endpoints)
+    others = [endpoint() for _ in range(2)]
+    for i in range(BoundedLoadFilter._PRUNE_EVERY):
+        now[0] = 61.0 + i * 1e-3
+        bounded.filter(completion("x"), others)
+    assert set(bounded._averages) == {e.hostport for e in others}
+
+
 def test_inflight_scorer_spreads_a_burst() -> None:
     """Between scrapes, each routed request makes its endpoint score lower for the next."""
     inflight = InFlight()
