@@ -24,6 +24,7 @@ from tqdm import tqdm
 from endpoint_picker.bench.model import (
     ASSISTANT_PLACEHOLDER,
     FAIRNESS_HEADER,
+    INDEX_HEADER,
     BenchError,
     RequestRecord,
     RequestSpec,
@@ -134,7 +135,11 @@ class _Run:
 
     async def send(self, spec: RequestSpec, body: dict[str, Any], due: float) -> RequestRecord:
         keep_text = spec.index in self.followed
-        headers = {"Content-Type": "application/json", **spec.headers}
+        headers = {
+            "Content-Type": "application/json",
+            INDEX_HEADER: str(spec.index),
+            **spec.headers,
+        }
         data = orjson.dumps(body)
         sent = self.now()
         status = 0

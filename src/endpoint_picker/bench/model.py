@@ -38,6 +38,8 @@ class RequestSpec:
 ASSISTANT_PLACEHOLDER = "\x00previous-reply\x00"
 # The EPP's flow id (its wire key, spelled here too: the bench imports nothing of the EPP's).
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+# Sent with every request so that Envoy's access log can be joined with the client's records.
+INDEX_HEADER = "x-bench-index"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,16 @@ class FleetObservation:
 
 
 @dataclass(frozen=True, slots=True)
+class RouterTiming:
+    """What the router added, as the Envoy in front of it logged it (``envoytiming``): p50,
+    p90 and p99 in seconds of each interval, over ``requests`` measured requests."""
+
+    requests: int
+    to_upstream: tuple[float, float, float]  # end of the client's request -> upstream request
+    to_client: tuple[float, float, float]  # first response byte -> first byte to the client
+
+
+@dataclass(frozen=True, slots=True)
 class TargetResult:
     """One target at one rate: everything the report needs, JSON-serialisable via ``report``."""
 
@@ -123,6 +135,7 @@ class TargetResult:
     fleet: FleetObservation  # the servers' counters from the end of the warm-up
     notes: tuple[str, ...] = ()  # e.g. why the run is invalid
     warmup: float = 0.0  # seconds of arrivals before the measured ones: sent, not measured
+    router: RouterTiming | None = None  # Envoy-fronted targets only
 
 
 class BenchError(Exception):

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from endpoint_picker.bench import envoytiming
 from endpoint_picker.bench.model import (
     BenchError,
     FleetObservation,
     RequestRecord,
+    RouterTiming,
     ServerObservation,
     ServerSample,
     TargetResult,
@@ -59,6 +61,7 @@ def _dump(result: TargetResult) -> dict[str, Any]:
         "warmup": result.warmup,
         "fleet": result.fleet,  # orjson writes dataclasses (and their tuples) natively
         "records": records,
+        "router": result.router,
     }
 
 
@@ -91,7 +94,14 @@ def _load(raw: dict[str, Any]) -> TargetResult:
         fleet=FleetObservation(servers),
         notes=tuple(raw["notes"]),
         warmup=raw.get("warmup", 0.0),
+        router=_router(raw.get("router")),
     )
+
+
+def _router(raw: dict[str, Any] | None) -> RouterTiming | None:
+    if raw is None:
+        return None
+    return RouterTiming(raw["requests"], tuple(raw["to_upstream"]), tuple(raw["to_client"]))
 
 
 _COLUMNS = (
@@ -156,6 +166,13 @@ def tables(
     if criticality and len(criticality) > 1:  # one class alone (``two-tenants``): no contrast
         rows = [m for r in results for m in summarize_models(r, objectives)]
         text += "\nPer criticality class:\n\n" + criticality_table(rows, criticality)
+    if timings := [(r.target, r.rate, r.router) for r in results if r.router is not None]:
+        text += (
+            "\nWhat the router added, as the Envoy in front of it logged it (to upstream: from "
+            "the end of the client's request to the upstream request; to client: from the "
+            "server's first response byte to the first byte sent on):\n\n"
+            + envoytiming.timing_table(timings)
+        )
     if any(has_tenants(r) for r in results):
         by_tenant = [t for r in results for t in summarize_tenants(r)]
         text += (

@@ -8,6 +8,7 @@ targets of one rate are measured side by side rather than one target at every ra
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import endpoint_picker.bench.client as client
+import endpoint_picker.bench.envoytiming as envoytiming
 import endpoint_picker.bench.report as report
 import endpoint_picker.bench.stats as stats
 import endpoint_picker.bench.workloads as workloads
@@ -53,6 +55,7 @@ async def _measure(
     plan: WorkloadPlan,
     options: RunOptions,
     rate: float,
+    access_log: Path | None = None,
 ) -> TargetResult:
     watch = FleetWatch(list(server_urls), warmup=options.warmup)
     await watch.start()
@@ -66,6 +69,11 @@ async def _measure(
         )
     finally:
         fleet = await watch.stop()
+    router = None
+    if access_log is not None:
+        await asyncio.sleep(3 * envoytiming.FLUSH_MS / 1e3)  # Envoy's last lines reach the file
+        warm = options.warmup
+        router = envoytiming.read_timing(access_log, [r.index for r in records if r.due_at >= warm])
     result = TargetResult(
         target=name,
         workload=plan.workload,
@@ -74,6 +82,7 @@ async def _measure(
         records=tuple(records),
         fleet=fleet,
         warmup=options.warmup,
+        router=router,
     )
     problems = stats.validity(result)
     if problems:
@@ -110,9 +119,9 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
             continue
         for spec in options.targets:
             async with running_stack(spec, options.fleet, plan, work) as stack:
-                results.append(
-                    await _measure(spec.name, stack.url, stack.server_urls, plan, options, rate)
-                )
+                servers, log = stack.server_urls, stack.envoy_access_log
+                result = await _measure(spec.name, stack.url, servers, plan, options, rate, log)
+                results.append(result)
     meta = {
         "command": shlex.join(["epp", "bench", *argv]),
         "workload": options.workload,

@@ -34,7 +34,7 @@ import aiohttp
 import yaml
 
 from endpoint_picker import envoy_config
-from endpoint_picker.bench import peers
+from endpoint_picker.bench import envoytiming, peers
 from endpoint_picker.bench.envoy_direct import render_direct
 from endpoint_picker.bench.model import BenchError, WorkloadPlan
 from endpoint_picker.bench.processes import (
@@ -151,6 +151,7 @@ class RunningStack:
     folder: Path
     epp_metrics_url: str | None = None
     epp_metrics_urls: tuple[str, ...] = ()  # every replica's, the first one's first
+    envoy_access_log: Path | None = None  # the front Envoy's (``envoytiming``), if Envoy
 
 
 def parse_targets(text: str) -> list[StackSpec]:
@@ -280,6 +281,7 @@ async def running_stack(
     servers = tuple(f"http://{a}:{port}" for a in addresses)
     front_port, admin_port, *epp_ports = free_ports(2 + 3 * spec.replicas, FRONT_ADDRESS)
     url = f"http://{FRONT_ADDRESS}:{front_port}"
+    access_log: Path | None = None
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
             sim = await children.start("sim", [*_PYTHON, "sim", *fleet.sim_args(plan, port)])
@@ -312,10 +314,13 @@ async def running_stack(
                 ready = http_probe(session, f"{url}/readiness", peers.readiness(len(servers)))
             else:
                 config = folder / "envoy.yaml"
-                config.write_text(
-                    _envoy_config(spec, addresses, port, front_port, admin_port, epp_ports[0::3])
-                )
-                argv = [envoy, "-c", str(config), "--disable-hot-restart", "--log-level", "warning"]
+                access_log = folder / "envoy-access.log"
+                text = _envoy_config(spec, addresses, port, front_port, admin_port, epp_ports[0::3])
+                config.write_text(envoytiming.with_access_log(text, access_log))
+                argv = [
+                    envoy, "-c", str(config), "--disable-hot-restart", "--log-level", "warning",
+                    "--file-flush-interval-msec", str(envoytiming.FLUSH_MS),
+                ]  # fmt: skip
                 front = await children.start("envoy", argv)
                 ready = http_probe(session, f"http://{FRONT_ADDRESS}:{admin_port}/ready")
             await children.wait(front, ready)
@@ -332,6 +337,7 @@ async def running_stack(
                 f"http://{FRONT_ADDRESS}:{epp_ports[2]}" if spec.kind == "epp" else None
             ),
             epp_metrics_urls=tuple(f"http://{FRONT_ADDRESS}:{port}" for _, port in epps),
+            envoy_access_log=access_log,
         )
         # A child that died during the run made its results meaningless: say so, loudly.
         if (gone := children.exited()) is not None:

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from endpoint_picker.bench import peers
-from endpoint_picker.bench.model import BenchError, WorkloadPlan
+from endpoint_picker.bench import envoytiming, peers
+from endpoint_picker.bench.model import INDEX_HEADER, BenchError, WorkloadPlan
 from endpoint_picker.bench.stacks import FleetOptions, RunningStack, parse_targets, running_stack
 
 ENVOY = Path(__file__).resolve().parents[3] / ".venv" / "bin" / "envoy"
@@ -53,11 +53,11 @@ def _assert_all_stopped(stack: RunningStack) -> None:
     assert _my_children() == []
 
 
-async def _complete(url: str, model: str) -> dict[str, Any]:
+async def _complete(url: str, model: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     body = {"model": model, "prompt": "Write a haiku about GPUs", "max_tokens": 4}
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-        session.post(f"{url}/v1/completions", json=body) as reply,
+        session.post(f"{url}/v1/completions", json=body, headers=headers) as reply,
     ):
         assert reply.status == 200, await reply.text()
         answer: dict[str, Any] = await reply.json()
@@ -124,6 +124,30 @@ async def test_envoy_stack_serves_and_stops(target: str, model: str, tmp_path: P
         else:
             assert stack.epp_metrics_url is None
     _assert_all_stopped(stack)
+
+
+@needs_envoy
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("target", ["rr", "epp"])
+async def test_envoy_logs_what_the_router_added(target: str, tmp_path: Path) -> None:
+    """The front Envoy's access log times each request by the client's x-bench-index: the
+    requests asked about are found, others are not, and the EPP's pick takes time where round
+    robin's takes next to none."""
+    (spec,) = parse_targets(target)
+    async with running_stack(spec, FLEET, PLAN, tmp_path) as stack:
+        assert stack.envoy_access_log is not None
+        for index in (7, 8, 9):
+            await _complete(stack.url, "base/model", {INDEX_HEADER: str(index)})
+        await asyncio.sleep(3 * envoytiming.FLUSH_MS / 1e3)
+        timing = envoytiming.read_timing(stack.envoy_access_log, [7, 9, 100])
+    assert timing is not None
+    assert timing.requests == 2
+    p50, p90, p99 = timing.to_upstream
+    assert 0 <= p50 <= p90 <= p99 < 1.0
+    assert 0 <= timing.to_client[0] < 1.0
+    if target == "epp":  # ext_proc's round trip and the pick: tens of microseconds at least
+        assert p50 > 50e-6
+    assert envoytiming.read_timing(stack.envoy_access_log, [100]) is None
 
 
 @pytest.mark.timeout(30)
