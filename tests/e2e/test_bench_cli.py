@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -45,7 +46,12 @@ def test_bench_run_rr_and_epp_writes_a_full_report(tmp_path: Path) -> None:
     for column in COLUMNS:
         assert column in header
     rows = [line for line in done.stdout.splitlines() if line.startswith(("| rr", "| epp"))]
-    assert len(rows) == 2
+    assert len(rows) == 4  # the main table, then what the router added (Envoy's access log)
+    assert all("| shared-prefix |" in row for row in rows[:2])
+    assert "What the router added" in done.stdout
+    assert all(
+        re.match(r"\| (rr|epp) \| 4 \| \d+ \| [\d.]+ / [\d.]+ / [\d.]+ \|", r) for r in rows[2:]
+    )
     results = orjson.loads((report / "results.json").read_bytes())
     assert [r["target"] for r in results["results"]] == ["rr", "epp"]
     for result in results["results"]:
