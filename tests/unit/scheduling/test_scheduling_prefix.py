@@ -223,36 +223,38 @@ class _Loads:
             self._inflight.on_finished(Finished(ids.pop(), ok=True))
 
 
-def _smoothed(tau: float, now: list[float]) -> tuple[BoundedLoadFilter, _Loads, list[Any]]:
+def _smoothed(
+    tau: float, now: list[float], even: int
+) -> tuple[BoundedLoadFilter, InFlight, _Loads, list[Any]]:
+    """A smoothed filter over 4 endpoints that has seen each of them at load ``even``."""
     inflight = InFlight()
     bounded = BoundedLoadFilter(1.25, 2, inflight, smoothing=tau, clock=lambda: now[0])
-    return bounded, _Loads(inflight), [endpoint() for _ in range(4)]
+    loads, endpoints = _Loads(inflight), [endpoint() for _ in range(4)]
+    for e in endpoints:
+        loads.set(e.hostport, even)
+    bounded.filter(completion("x"), endpoints)
+    return bounded, inflight, loads, endpoints
 
 
 def test_smoothed_bound_ignores_a_short_swing() -> None:
     """Steady even load, then one endpoint jumps for a moment: with smoothing it stays a
     candidate (its average barely moved), where the instantaneous bound drops it."""
     now = [0.0]
-    bounded, loads, endpoints = _smoothed(3.0, now)
-    for e in endpoints:
-        loads.set(e.hostport, 8)
-    for step in range(30):  # 3 s of even load, a pick every 0.1 s
+    bounded, inflight, loads, endpoints = _smoothed(3.0, now, 8)
+    for step in range(1, 30):  # 3 s of even load, a pick every 0.1 s
         now[0] = step * 0.1
         assert len(bounded.filter(completion("x"), endpoints)) == 4
     loads.set(endpoints[0].hostport, 13)  # past max(1.25 x 9.25, 8 + 2) now
     now[0] += 0.1
     assert bounded.filter(completion("x"), endpoints) == endpoints
-    instant = BoundedLoadFilter(1.25, 2, bounded._inflight)
+    instant = BoundedLoadFilter(1.25, 2, inflight)
     assert endpoints[0] not in instant.filter(completion("x"), endpoints)
 
 
 def test_smoothed_bound_catches_a_sustained_hot_spot() -> None:
     """The same jump held for about the smoothing time crosses the bound on the average."""
     now = [0.0]
-    bounded, loads, endpoints = _smoothed(1.0, now)
-    for e in endpoints:
-        loads.set(e.hostport, 8)
-    bounded.filter(completion("x"), endpoints)
+    bounded, _, loads, endpoints = _smoothed(1.0, now, 8)
     loads.set(endpoints[0].hostport, 14)
     kept_after = None
     for step in range(1, 50):
@@ -268,10 +270,7 @@ def test_smoothed_bound_catches_a_sustained_hot_spot() -> None:
 def test_smoothed_bound_still_caps_a_burst() -> None:
     """A sudden burst past burstFactor x mean is cut at once, before the average moves."""
     now = [0.0]
-    bounded, loads, endpoints = _smoothed(10.0, now)
-    for e in endpoints:
-        loads.set(e.hostport, 4)
-    bounded.filter(completion("x"), endpoints)
+    bounded, _, loads, endpoints = _smoothed(10.0, now, 4)
     loads.set(endpoints[0].hostport, 15)  # 15 > 2 x 6.75 and > 4 + 2
     now[0] = 0.01
     assert bounded.filter(completion("x"), endpoints) == endpoints[1:]
@@ -280,8 +279,7 @@ def test_smoothed_bound_still_caps_a_burst() -> None:
 def test_smoothed_averages_are_forgotten_for_endpoints_that_left() -> None:
     """The table of averages stays bounded by the endpoints picked over the last minute."""
     now = [0.0]
-    bounded, _, endpoints = _smoothed(1.0, now)
-    bounded.filter(completion("x"), endpoints)
+    bounded, _, _, _ = _smoothed(1.0, now, 0)
     others = [endpoint() for _ in range(2)]
     for i in range(BoundedLoadFilter._PRUNE_EVERY):
         now[0] = 61.0 + i * 1e-3

@@ -112,16 +112,18 @@ class BoundedLoadFilter:
     ) -> Sequence[EndpointState]:
         loads = endpoint_loads(endpoints, self._inflight)
         if self._tau <= 0.0:
-            bound = max(self._factor * sum(loads) / len(loads), min(loads) + self._slack)
+            bound = self._bound(self._factor, loads)
             return [e for e, load in zip(endpoints, loads, strict=True) if load <= bound]
         averages = self._smooth(endpoints, loads)
-        bound = max(self._factor * sum(averages) / len(averages), min(averages) + self._slack)
-        burst = max(self._burst * sum(loads) / len(loads), min(loads) + self._slack)
+        bound, burst = self._bound(self._factor, averages), self._bound(self._burst, loads)
         return [
             e
             for e, load, average in zip(endpoints, loads, averages, strict=True)
             if average <= bound and load <= burst
         ]
+
+    def _bound(self, factor: float, loads: Sequence[float]) -> float:
+        return max(factor * sum(loads) / len(loads), min(loads) + self._slack)
 
     def _smooth(self, endpoints: Sequence[EndpointState], loads: list[int]) -> list[float]:
         """Each endpoint's moving average, updated with its load now."""
