@@ -28,6 +28,7 @@ from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import PoolFileSource
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.extproc.h2server import H2ExtProcServer
 from endpoint_picker.extproc.limits import BodyBudget, StreamSlots
 from endpoint_picker.extproc.server import (
     ExternalProcessor,
@@ -101,7 +102,7 @@ class App:
         self.metrics = EppMetrics(self._pool_stats, self.datastore.is_configured_model)
         self.health = health or HealthState()
         self._tasks: list[asyncio.Task[None]] = []
-        self._ext_server: grpc.aio.Server | None = None
+        self._ext_server: grpc.aio.Server | H2ExtProcServer | None = None
         self._slots: StreamSlots | None = None
         self._servers: list[grpc.aio.Server] = []
         self._metrics_server: MetricsServer | None = None
@@ -416,9 +417,26 @@ class App:
             slots,
             self.metrics,
         )
+        reuse_port = self._worker is not None
+        if server_settings.ext_proc_server == "grpclib":
+            h2 = H2ExtProcServer(
+                processor,
+                self.health,
+                server_settings.bind_address,
+                server_settings.grpc_port,
+                tls,
+                client_ca,
+                reuse_port=reuse_port,
+            )
+            try:
+                await h2.start()
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {address}: {exc.strerror}") from exc
+            self._ext_server = h2
+            return h2.port
         try:
             server, port = build_ext_proc_server(
-                processor, self.health, address, tls, client_ca, reuse_port=self._worker is not None
+                processor, self.health, address, tls, client_ca, reuse_port=reuse_port
             )
         except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
             raise ConfigError(f"cannot listen on {address}: {exc}") from exc

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from endpoint_picker import __version__
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.settings import (
+    EXT_PROC_SERVERS,
     GROUP_V1,
     GROUP_V1ALPHA2,
     KubernetesSettings,
@@ -248,6 +249,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="request bodies held at once, all streams together; past it 429 (0: no limit)",
     )
     p.add_argument(
+        "--ext-proc-server",
+        choices=EXT_PROC_SERVERS,
+        default=d.server.ext_proc_server,
+        help="the ext_proc port's gRPC stack: grpcio (gRPC's C core) or grpclib (pure-Python "
+        "HTTP/2 on the event loop, no thread hop per message)",
+    )
+    p.add_argument(
         "--max-concurrent-streams",
         type=COUNT,
         default=d.server.max_concurrent_streams,
@@ -452,6 +460,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             metrics_endpoint=_metrics_endpoint(args),
             workers=args.workers,
             worker_max_requests=args.worker_max_requests,
+            ext_proc_server=args.ext_proc_server,
         ),
         pool=PoolSettings(
             pool_file=args.pool_file,

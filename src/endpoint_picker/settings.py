@@ -12,6 +12,8 @@ from pathlib import Path
 
 from endpoint_picker.errors import ConfigError
 
+# ServerSettings.ext_proc_server's choices
+EXT_PROC_SERVERS = ("grpcio", "grpclib")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {
     "ns": 1e-9,
@@ -119,6 +121,9 @@ class ServerSettings:
     # It bounds the memory grpcio leaks on every stream Envoy resets (docs/envoy.md, item 6).
     # Any value above 0 runs the parent and workers even with --workers 1.
     worker_max_requests: int = 0
+    # The gRPC stack of the ext_proc port: "grpcio" (gRPC's C core, asyncio API) or "grpclib"
+    # (pure-Python HTTP/2 on the event loop: no thread hop per message; README, "Performance").
+    ext_proc_server: str = "grpcio"
 
     @property
     def supervised(self) -> bool:

@@ -78,11 +78,18 @@ class HealthState:
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
         self._ready = False
+        # the same statuses for the grpclib ext_proc server, which has no health servicer
+        self._statuses: dict[str, int] = {}
 
     async def start(self) -> None:
         serving = health_pb2.HealthCheckResponse.SERVING
+        self._statuses["liveness"] = serving
         await self.servicer.set("liveness", serving)
         await self.set_ready(False)
+
+    def status(self, service: str) -> int | None:
+        """A service's serving status; None for a service this server does not know."""
+        return self._statuses.get(service)
 
     async def set_ready(self, ready: bool) -> None:
         self._ready = ready
@@ -92,6 +99,7 @@ class HealthState:
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for service in _READINESS_SERVICES:
+            self._statuses[service] = status
             await self.servicer.set(service, status)
 
     @property
