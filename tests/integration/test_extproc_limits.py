@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from tests.support.extproc import (
     Client,
     body,
@@ -24,6 +25,9 @@ from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
 from endpoint_picker.settings import Settings
+
+# each test runs on both gRPC stacks of the ext_proc port (tests/integration/conftest.py)
+pytestmark = pytest.mark.usefixtures("ext_proc_server")
 
 POOL = pool_yaml(pool(), model("m"), pod("a", "127.0.0.2"))
 RAW = json_body({"model": "m", "prompt": "x" * 450_000})  # one request body, ~450 kB

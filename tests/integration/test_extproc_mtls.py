@@ -18,6 +18,9 @@ from tests.support.pool import model, pod, pool, pool_yaml
 from endpoint_picker.app import App
 from endpoint_picker.errors import ConfigError
 
+# each test runs on both gRPC stacks of the ext_proc port (tests/integration/conftest.py)
+pytestmark = pytest.mark.usefixtures("ext_proc_server")
+
 POOL = pool_yaml(pool(), model("m"), pod("a", "127.0.0.2"))
 REQUEST = [headers(), body(json_body({"model": "m", "prompt": "x"}))]
 

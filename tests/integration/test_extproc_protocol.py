@@ -26,6 +26,9 @@ from tests.support.extproc import (
 )
 from tests.support.pool import V1, model, pod, pool, pool_yaml
 
+# each test runs on both gRPC stacks of the ext_proc port (tests/integration/conftest.py)
+pytestmark = pytest.mark.usefixtures("ext_proc_server")
+
 PODS = (pod("a", "127.0.0.2"), pod("b", "127.0.0.3"))
 ENDPOINTS = {"127.0.0.2:8000", "127.0.0.3:8000"}
 BASIC = pool_yaml(pool(), model("m"), model("split", targets={"m-v2": 1}), *PODS)

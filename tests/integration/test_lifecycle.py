@@ -15,6 +15,9 @@ from tests.support.pool import model, pod, pool, pool_yaml
 from endpoint_picker.app import App
 from endpoint_picker.extproc.tls import self_signed_certificate
 
+# each test runs on both gRPC stacks of the ext_proc port (tests/integration/conftest.py)
+pytestmark = pytest.mark.usefixtures("ext_proc_server")
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

@@ -82,6 +82,12 @@ class _Services:
         try:
             async for response in responses:
                 await stream.send_message(response)
+            # The servicer has answered (an immediate response can come before the client has
+            # sent its whole request): read what the client still sends before the trailers
+            # end the call, as a client that writes its request before reading expects. Envoy
+            # closes its side at once after an immediate response or the last response.
+            async for _ in stream:
+                pass
         finally:
             # Cancelled while sending (Envoy reset the stream): close the generator now, so
             # that its ``finally`` frees the request's slot and in-flight count at once.
