@@ -10,9 +10,12 @@ scrapers). Modes:
 - direct: Envoy round-robins over the endpoints itself, no ext_proc (the latency floor);
 - noop:   ext_proc to benchmarks/noop_extproc.py, a grpc.aio server doing no work (the
           throughput floor of DESIGN.md);
+- noop-grpclib: the same no-op on grpclib (benchmarks/noop_grpclib.py), the floor of the
+          EPP's default gRPC stack;
 - epp:    ext_proc to `epp serve` with the default scheduler, scraping every endpoint at 50 ms;
-- eppN:   the same with `--workers N` (give Envoy N threads, `--envoy-concurrency N`, so that
-          it opens N connections for the kernel to spread over the workers).
+- epp-grpcio: the same with `--ext-proc-server grpcio`;
+- eppN, epp-grpcioN: with `--workers N` (give Envoy N threads, `--envoy-concurrency N`, so
+          that it opens N connections for the kernel to spread over the workers).
 """
 
 from __future__ import annotations
@@ -334,23 +337,25 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
     (tmp / f"front-{mode}.yaml").write_text(config)
     with contextlib.ExitStack() as stack:
         processor: subprocess.Popen[bytes] | None = None
-        if mode == "noop":
+        if mode in ("noop", "noop-grpclib"):
+            script = "noop_extproc.py" if mode == "noop" else "noop_grpclib.py"
             processor = stack.enter_context(
                 process(
                     [
                         sys.executable,
-                        str(REPO / "benchmarks" / "noop_extproc.py"),
+                        str(REPO / "benchmarks" / script),
                         "--port",
                         str(ext_port),
                         "--endpoints",
                         ",".join(endpoints),
                     ],
-                    tmp / "noop.log",
+                    tmp / f"{mode}.log",
                 )
             )
         elif mode.startswith("epp"):
             pool_file(endpoints, tmp / "pool.yaml")
-            workers = mode.removeprefix("epp") or "1"
+            grpcio = mode.startswith("epp-grpcio")
+            workers = mode.removeprefix("epp-grpcio" if grpcio else "epp") or "1"
             processor = stack.enter_context(
                 process(
                     [
@@ -372,6 +377,7 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
                         workers,
                         "--log-level",
                         "warning",
+                        *(["--ext-proc-server", "grpcio"] if grpcio else []),
                     ],
                     tmp / f"{mode}.log",
                 )
@@ -412,7 +418,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=25)
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument(
-        "--modes", default="direct,noop,epp", help="also eppN: `epp serve --workers N`"
+        "--modes",
+        default="direct,noop,epp",
+        help="direct, noop, noop-grpclib, epp, epp-grpcio; eppN: `epp serve --workers N`",
     )
     parser.add_argument(
         "--envoy-concurrency",
@@ -444,20 +452,24 @@ def main() -> None:
                     rps, p50, errors, cpu_us = measure(mode, args, tmp)
                     rounds.setdefault(mode, []).append((rps, p50, errors, cpu_us))
                     print(
-                        f"round {number} {mode:7s} {rps:8.0f} req/s   p50 {p50:6.2f} ms   "
+                        f"round {number} {mode:12s} {rps:8.0f} req/s   p50 {p50:6.2f} ms   "
                         f"non-2xx {errors}   ext_proc CPU {cpu_us:5.0f} us/request",
                         flush=True,
                     )
         results = {m: rounds[m] for m in rounds}
-        if "noop" in results and "epp" in results:
-            ratios = [e[0] / n[0] for n, e in zip(results["noop"], results["epp"], strict=True)]
-            print(
-                f"epp / noop throughput per round: {', '.join(f'{r:.0%}' for r in ratios)}; "
-                f"median {statistics.median(ratios):.0%}"
-            )
-        if "direct" in results and "epp" in results:
-            extra = [e[1] - d[1] for d, e in zip(results["direct"], results["epp"], strict=True)]
-            print(f"epp p50 over direct, median of rounds: {statistics.median(extra):+.2f} ms")
+        for epp in (m for m in results if m.startswith("epp")):
+            for floor in (m for m in ("noop", "noop-grpclib") if m in results):
+                ratios = [e[0] / n[0] for n, e in zip(results[floor], results[epp], strict=True)]
+                print(
+                    f"{epp} / {floor} throughput per round: "
+                    f"{', '.join(f'{r:.0%}' for r in ratios)}; "
+                    f"median {statistics.median(ratios):.0%}"
+                )
+            if "direct" in results:
+                extra = [e[1] - d[1] for d, e in zip(results["direct"], results[epp], strict=True)]
+                print(
+                    f"{epp} p50 over direct, median of rounds: {statistics.median(extra):+.2f} ms"
+                )
 
 
 if __name__ == "__main__":
