@@ -157,3 +157,14 @@ async def test_concurrent_stream_cap_answers_json_429_and_frees_slots(tmp_path: 
         assert lb_metadata(routed[0]) == "127.0.0.2:8000"
         assert await finish(b) == "127.0.0.2:8000"
         await until(lambda: sample(app, streams) == 0)
+
+
+async def test_more_than_a_hundred_open_streams_on_one_connection(tmp_path: Path) -> None:
+    """An ext_proc stream lives as long as its request: one connection (as Envoy keeps) holds
+    150 of them at once, none refused by HTTP/2's stream limit (h2 announces 100 unless told)."""
+    settings = limited(tmp_path)
+    async with running_app(settings) as (app, client):
+        calls = [await open_with_partial_body(client) for _ in range(150)]
+        await until(lambda: sample(app, "inference_extension_ext_proc_streams") == 150)
+        routed = await asyncio.gather(*(finish(call) for call in calls))
+        assert routed == ["127.0.0.2:8000"] * 150

@@ -26,6 +26,7 @@ import ssl
 import tempfile
 import time
 import weakref
+from asyncio import BaseTransport
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -37,6 +38,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Handler as GrpclibHandler
 from grpclib.server import Server, Stream
+from h2.settings import SettingCodes
 from hyperframe.frame import GoAwayFrame
 
 if TYPE_CHECKING:
@@ -125,6 +127,19 @@ def server_ssl_context(tls: tuple[bytes, bytes], client_ca: bytes | None) -> ssl
     return context
 
 
+class _Protocol(H2Protocol):
+    """One connection. h2 announces at most 100 concurrent streams, and an ext_proc stream
+    lives as long as its request (seconds for a completion): past 100 Envoy would open more
+    connections. As grpcio, allow any number; ``--max-concurrent-streams`` caps them all,
+    every connection together, with a JSON 429 rather than a refused stream."""
+
+    def connection_made(self, transport: BaseTransport) -> None:
+        super().connection_made(transport)
+        h2 = cast(Any, self.connection)._connection
+        h2.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: _MAX_STREAM_ID})
+        self.connection.flush()
+
+
 class _TrackingServer(Server):
     """grpclib's server, keeping each connection's protocol (grpclib keeps only handlers),
     which the drain needs to send GOAWAYs."""
@@ -134,7 +149,8 @@ class _TrackingServer(Server):
         self.protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
     def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
+        default = super()._protocol_factory()
+        protocol = _Protocol(default.handler, default.config, default.h2_config)
         self.protocols.add(protocol)
         return protocol
 
@@ -174,13 +190,6 @@ class H2ExtProcServer:
         self._started = True
         listener = cast(Any, self._server)._server
         self.port = int(listener.sockets[0].getsockname()[1])
-
-    def open_streams(self) -> int:
-        """Streams whose handler still runs, every connection together."""
-        return sum(
-            0 if _handler(p).check_closed() else len(_handler(p)._tasks)
-            for p in self._live_protocols()
-        )
 
     async def stop(self, grace: float | None) -> None:
         """Refuse new connections and streams, let open streams finish within ``grace``
