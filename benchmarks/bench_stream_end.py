@@ -1,6 +1,7 @@
 """How an ext_proc stream ends decides whether the EPP's memory grows: RSS per stream, by ending.
 
 Run: .venv/bin/python benchmarks/bench_stream_end.py [--streams 60000] [--endings clean,envoy,late]
+         [--servers grpclib,grpcio]   (the EPP's --ext-proc-server stacks, each measured)
 
 An ``epp serve`` process (a pool of 4 pods, no scraping, plaintext gRPC) gets ``--streams``
 complete ext_proc exchanges (request headers and body, then response headers and body, 8 at a
@@ -75,7 +76,7 @@ async def one_stream(stub: pb_grpc.ExternalProcessorStub, i: int, ending: str) -
         call.cancel()
 
 
-async def measure(ending: str, streams: int, folder: Path, port: int) -> float:
+async def measure(ending: str, streams: int, folder: Path, port: int, server: str) -> float:
     """Bytes of RSS growth per stream after the warm-up, on a fresh EPP."""
     pool_file = folder / "pool.yaml"
     pods = [pod(f"p{i}", f"127.0.9.{i + 2}") for i in range(4)]
@@ -83,7 +84,8 @@ async def measure(ending: str, streams: int, folder: Path, port: int) -> float:
     argv = [sys.executable, "-m", "endpoint_picker", "serve", "--pool-file", str(pool_file),
             "--grpc-port", str(port), "--grpc-health-port", str(port + 1),
             "--metrics-port", str(port + 2), "--refresh-metrics-interval", "1h",
-            "--secure-serving", "false", "--log-level", "error"]  # fmt: skip
+            "--secure-serving", "false", "--log-level", "error",
+            "--ext-proc-server", server]  # fmt: skip
     process = await asyncio.create_subprocess_exec(*argv)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -117,6 +119,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=60_000)
     parser.add_argument("--endings", default="clean,envoy,late")
     parser.add_argument("--port", type=int, default=19_555)
+    parser.add_argument(
+        "--servers", default="grpclib,grpcio", help="the EPP's --ext-proc-server stacks to measure"
+    )
     args = parser.parse_args()
     endings = [e for e in args.endings.split(",") if e]
     if unknown := [e for e in endings if e not in ENDINGS]:
@@ -125,9 +130,10 @@ def main() -> int:
         parser.error(f"--streams must be above the {WARMUP} warm-up streams")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with tempfile.TemporaryDirectory() as folder:
-        for ending in endings:
-            growth = asyncio.run(measure(ending, args.streams, Path(folder), args.port))
-            print(f"{ending:6} {growth:6.0f} bytes of RSS per stream", flush=True)
+        for server in args.servers.split(","):
+            for ending in endings:
+                growth = asyncio.run(measure(ending, args.streams, Path(folder), args.port, server))
+                print(f"{server:7} {ending:6} {growth:6.0f} bytes of RSS per stream", flush=True)
     return 0
 
 
