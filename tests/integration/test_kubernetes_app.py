@@ -192,7 +192,7 @@ async def test_leader_election_only_the_leader_is_ready(tmp_path: Path) -> None:
 
 
 async def test_worker_processes_follow_the_kubernetes_source(tmp_path: Path) -> None:
-    """`--worker-max-requests` (a parent and a worker process, as the shipped Deployment runs):
+    """`--worker-max-requests` (a parent and a worker process, as grpcio deployments run):
     the parent watches the API and fans the pool out; the worker routes on it, a deleted pod
     gets no more traffic, and readiness follows the first sync."""
     from endpoint_picker.workers import build_parent

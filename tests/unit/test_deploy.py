@@ -133,7 +133,9 @@ def test_deployment_args_parse_into_kubernetes_settings(
     assert settings.pool.pool_name == "vllm-llama3-8b"
     assert settings.pool.kubernetes.namespace == "serving"
     assert settings.server.metrics_endpoint.auth is MetricsAuth.KUBERNETES
-    assert settings.server.worker_max_requests == 1_000_000  # the grpcio leak stays bounded
+    # one process on grpclib, which needs no worker turnover (grpcio leaked on reset streams)
+    assert settings.server.worker_max_requests == 0
+    assert settings.server.ext_proc_server == "grpclib"
     assert settings.server.supervised
 
 
