@@ -136,7 +136,7 @@ def test_deployment_args_parse_into_kubernetes_settings(
     # one process on grpclib, which needs no worker turnover (grpcio leaked on reset streams)
     assert settings.server.worker_max_requests == 0
     assert settings.server.ext_proc_server == "grpclib"
-    assert settings.server.supervised
+    assert not settings.server.supervised
 
 
 def test_metrics_auth_rbac_lets_the_epp_review_tokens_and_nothing_more(
