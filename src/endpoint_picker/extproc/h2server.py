@@ -30,7 +30,6 @@ from asyncio import BaseTransport
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, cast
 
-import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2
 from grpclib.const import Cardinality, Handler, Status
@@ -43,8 +42,6 @@ from hyperframe.frame import GoAwayFrame
 
 if TYPE_CHECKING:
     from endpoint_picker.extproc.server import ExternalProcessor, HealthState
-
-log = structlog.get_logger(__name__)
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
@@ -99,7 +96,8 @@ class _Services:
         self, stream: Stream[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]
     ) -> None:
         request = await stream.recv_message()
-        assert request is not None  # grpclib ends a unary call without a message itself
+        if request is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "a health check needs a request message")
         status = self._health.status(request.service)
         if status is None:
             raise GRPCError(Status.NOT_FOUND, f"unknown service {request.service!r}")
