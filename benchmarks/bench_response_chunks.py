@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO))  # the tests package: the builders of ext_proc mes
 
 import grpc  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc  # noqa: E402
+from lone_epp import lone_epp  # noqa: E402
 from tests.support.extproc import body, headers, json_body, response_body, response_headers  # noqa: E402
-from tests.support.pool import model, pod, pool, pool_yaml  # noqa: E402
 
 CHUNK = b'data: {"choices":[{"index":0,"text":" hello hello hello hello hello hello"}]}\n\n'
 PARALLEL = 8
@@ -55,29 +55,17 @@ async def one_stream(stub: pb_grpc.ExternalProcessorStub, i: int, chunks: int) -
 
 async def measure(server: str, streams: int, chunks: int, folder: Path, port: int) -> float:
     """Microseconds of EPP CPU per stream."""
-    pool_file = folder / "pool.yaml"
-    pods = [pod(f"p{i}", f"127.0.9.{i + 2}") for i in range(4)]
-    pool_file.write_text(pool_yaml(pool(port=8000), model("base"), *pods))
-    argv = [sys.executable, "-m", "endpoint_picker", "serve", "--pool-file", str(pool_file),
-            "--grpc-port", str(port), "--grpc-health-port", str(port + 1),
-            "--metrics-port", str(port + 2), "--refresh-metrics-interval", "1h",
-            "--secure-serving", "false", "--log-level", "error",
-            "--ext-proc-server", server]  # fmt: skip
-    process = await asyncio.create_subprocess_exec(*argv)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            await asyncio.wait_for(channel.channel_ready(), 20)
-            stub = pb_grpc.ExternalProcessorStub(channel)
-            await asyncio.gather(*(one_stream(stub, i, chunks) for i in range(PARALLEL)))  # warm
-            before = cpu_seconds(process.pid)
-            for first in range(0, streams, PARALLEL):
-                await asyncio.gather(
-                    *(one_stream(stub, first + k, chunks) for k in range(PARALLEL))
-                )
-            return (cpu_seconds(process.pid) - before) / streams * 1e6
-    finally:
-        process.terminate()
-        await asyncio.wait_for(process.wait(), 10)
+    async with (
+        lone_epp(folder, port, server) as process,
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        await asyncio.wait_for(channel.channel_ready(), 20)
+        stub = pb_grpc.ExternalProcessorStub(channel)
+        await asyncio.gather(*(one_stream(stub, i, chunks) for i in range(PARALLEL)))  # warm
+        before = cpu_seconds(process.pid)
+        for first in range(0, streams, PARALLEL):
+            await asyncio.gather(*(one_stream(stub, first + k, chunks) for k in range(PARALLEL)))
+        return (cpu_seconds(process.pid) - before) / streams * 1e6
 
 
 def main() -> int:

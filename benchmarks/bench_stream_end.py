@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))  # the tests package: the builders of ext_proc mes
 
 import grpc  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc  # noqa: E402
+from lone_epp import lone_epp  # noqa: E402
 from tests.support.extproc import body, headers, json_body, response_body, response_headers  # noqa: E402
-from tests.support.pool import model, pod, pool, pool_yaml  # noqa: E402
 
 ENDINGS = ("clean", "envoy", "late", "reset")
 BATCH = 2_000
@@ -78,40 +78,30 @@ async def one_stream(stub: pb_grpc.ExternalProcessorStub, i: int, ending: str) -
 
 async def measure(ending: str, streams: int, folder: Path, port: int, server: str) -> float:
     """Bytes of RSS growth per stream after the warm-up, on a fresh EPP."""
-    pool_file = folder / "pool.yaml"
-    pods = [pod(f"p{i}", f"127.0.9.{i + 2}") for i in range(4)]
-    pool_file.write_text(pool_yaml(pool(port=8000), model("base", criticality="Critical"), *pods))
-    argv = [sys.executable, "-m", "endpoint_picker", "serve", "--pool-file", str(pool_file),
-            "--grpc-port", str(port), "--grpc-health-port", str(port + 1),
-            "--metrics-port", str(port + 2), "--refresh-metrics-interval", "1h",
-            "--secure-serving", "false", "--log-level", "error",
-            "--ext-proc-server", server]  # fmt: skip
-    process = await asyncio.create_subprocess_exec(*argv)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            await asyncio.wait_for(channel.channel_ready(), 20)
-            stub = pb_grpc.ExternalProcessorStub(channel)
-            gate = asyncio.Semaphore(8)
+    async with (
+        lone_epp(folder, port, server, criticality="Critical") as process,
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        await asyncio.wait_for(channel.channel_ready(), 20)
+        stub = pb_grpc.ExternalProcessorStub(channel)
+        gate = asyncio.Semaphore(8)
 
-            async def guarded(i: int) -> None:
-                async with gate:
-                    try:
-                        await one_stream(stub, i, ending)
-                    except grpc.aio.AioRpcError as exc:
-                        if exc.code() != grpc.StatusCode.CANCELLED:
-                            raise
+        async def guarded(i: int) -> None:
+            async with gate:
+                try:
+                    await one_stream(stub, i, ending)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.CANCELLED:
+                        raise
 
-            done, base = 0, 0.0
-            while done < streams:
-                await asyncio.gather(*(guarded(done + k) for k in range(BATCH)))
-                done += BATCH
-                await asyncio.sleep(0.3)
-                if done == WARMUP:
-                    base = rss_mib(process.pid)
-            return (rss_mib(process.pid) - base) * 1024 * 1024 / (done - WARMUP)
-    finally:
-        process.terminate()
-        await asyncio.wait_for(process.wait(), 10)
+        done, base = 0, 0.0
+        while done < streams:
+            await asyncio.gather(*(guarded(done + k) for k in range(BATCH)))
+            done += BATCH
+            await asyncio.sleep(0.3)
+            if done == WARMUP:
+                base = rss_mib(process.pid)
+        return (rss_mib(process.pid) - base) * 1024 * 1024 / (done - WARMUP)
 
 
 def main() -> int:
