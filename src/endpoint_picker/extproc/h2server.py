@@ -14,8 +14,8 @@ an ``ssl.SSLContext`` with ALPN ``h2``. ``stop(grace)`` drains: the listener clo
 connection gets a GOAWAY (so Envoy opens its next streams elsewhere), open streams get ``grace``
 seconds to finish, and whatever is left is cancelled. grpclib has no GOAWAY of its own and h2's
 state machine refuses every frame after one, so the frame is written to the transport beside
-h2, which is what HTTP/2's graceful shutdown is: a GOAWAY naming the highest stream id, after
-which the streams already open go on.
+h2: the first step of HTTP/2's graceful shutdown (RFC 9113, 6.8), a GOAWAY with the largest
+stream id, so that every stream the client has opened goes on and it opens no more here.
 """
 
 from __future__ import annotations
