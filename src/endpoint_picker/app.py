@@ -28,13 +28,13 @@ from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import PoolFileSource
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import ConfigError
-from endpoint_picker.extproc.h2server import H2ExtProcServer
 from endpoint_picker.extproc.limits import BodyBudget, StreamSlots
 from endpoint_picker.extproc.server import (
     ExternalProcessor,
+    ExtProcServer,
     HealthState,
-    build_ext_proc_server,
     build_health_server,
+    start_ext_proc_server,
 )
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.extproc.tls import load_certificate, load_client_ca, self_signed_certificate
@@ -55,6 +55,7 @@ from endpoint_picker.status import (
 )
 from endpoint_picker.telemetry.metrics import EppMetrics, PoolStats
 from endpoint_picker.telemetry.tasks import guarded
+from endpoint_picker.types import format_hostport
 
 if TYPE_CHECKING:  # imported when used: only a Kubernetes deployment loads the client
     from endpoint_picker.datastore.sources.kubernetes import (
@@ -71,10 +72,6 @@ class BoundPorts:
     ext_proc: int
     health: int
     metrics: int
-
-
-def _format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class App:
@@ -102,7 +99,7 @@ class App:
         self.metrics = EppMetrics(self._pool_stats, self.datastore.is_configured_model)
         self.health = health or HealthState()
         self._tasks: list[asyncio.Task[None]] = []
-        self._ext_server: grpc.aio.Server | H2ExtProcServer | None = None
+        self._ext_server: ExtProcServer | None = None
         self._slots: StreamSlots | None = None
         self._servers: list[grpc.aio.Server] = []
         self._metrics_server: MetricsServer | None = None
@@ -344,12 +341,11 @@ class App:
             self._scraper.set_endpoints(self.datastore.endpoints)
 
         host = server_settings.bind_address
-        ext_address = _format_address(host, server_settings.grpc_port)
-        health_address = _format_address(host, server_settings.grpc_health_port)
+        health_address = format_hostport(host, server_settings.grpc_health_port)
         if director is not None:
             if self._worker is not None and self._worker.before_listen is not None:
                 await self._worker.before_listen()
-            ext_port = await self._start_ext_proc(director, ext_address, tls, client_ca)
+            ext_port = await self._start_ext_proc(director, tls, client_ca)
         else:
             assert self._routers is not None
             ext_port = await self._routers.start(tls, client_ca)
@@ -393,7 +389,6 @@ class App:
     async def _start_ext_proc(
         self,
         director: Director,
-        address: str,
         tls: tuple[bytes, bytes] | None,
         client_ca: bytes | None,
     ) -> int:
@@ -417,31 +412,17 @@ class App:
             slots,
             self.metrics,
         )
-        reuse_port = self._worker is not None
-        if server_settings.ext_proc_server == "grpclib":
-            h2 = H2ExtProcServer(
-                processor,
-                self.health,
-                server_settings.bind_address,
-                server_settings.grpc_port,
-                tls,
-                client_ca,
-                reuse_port=reuse_port,
-            )
-            try:
-                await h2.start()
-            except OSError as exc:
-                raise ConfigError(f"cannot listen on {address}: {exc.strerror}") from exc
-            self._ext_server = h2
-            return h2.port
-        try:
-            server, port = build_ext_proc_server(
-                processor, self.health, address, tls, client_ca, reuse_port=reuse_port
-            )
-        except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
-            raise ConfigError(f"cannot listen on {address}: {exc}") from exc
         # started first: on stop it is drained first, while health still says NOT_SERVING
-        await server.start()
+        server, port = await start_ext_proc_server(
+            server_settings.ext_proc_server,
+            processor,
+            self.health,
+            server_settings.bind_address,
+            server_settings.grpc_port,
+            tls,
+            client_ca,
+            reuse_port=self._worker is not None,
+        )
         self._ext_server = server
         return port
 
@@ -473,7 +454,7 @@ class App:
             return await self._metrics_server.start(host, port)
         except OSError as exc:
             raise ConfigError(
-                f"cannot listen on {_format_address(host, port)}: {exc.strerror}"
+                f"cannot listen on {format_hostport(host, port)}: {exc.strerror}"
             ) from exc
 
     def ready(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import grpc
 import structlog
@@ -10,11 +11,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from endpoint_picker.errors import ErrorCode
+from endpoint_picker.errors import ConfigError, ErrorCode
 from endpoint_picker.extproc import responses, wire
+from endpoint_picker.extproc.h2server import H2ExtProcServer
 from endpoint_picker.extproc.limits import StreamSlots
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.telemetry.metrics import EppMetrics
+from endpoint_picker.types import format_hostport
 
 log = structlog.get_logger(__name__)
 
@@ -120,32 +123,55 @@ def _server_options(reuse_port: bool = False) -> list[tuple[str, int]]:
     ]
 
 
-def build_ext_proc_server(
+class ExtProcServer(Protocol):
+    """What the app holds of either stack's ext_proc server: it drains on ``stop``."""
+
+    async def stop(self, grace: float | None) -> None: ...
+
+
+async def start_ext_proc_server(
+    stack: str,
     processor: ExternalProcessor,
     health_state: HealthState,
-    address: str,
+    host: str,
+    port: int,
     tls: tuple[bytes, bytes] | None,
     client_ca: bytes | None = None,
     *,
     reuse_port: bool = False,
-) -> tuple[grpc.aio.Server, int]:
-    """The ext_proc server (health served there too); returns it with its bound port.
+) -> tuple[ExtProcServer, int]:
+    """The ext_proc server (health served there too) on ``stack`` ("grpclib" or "grpcio"),
+    listening; returns it with its bound port. ``ConfigError`` when the address cannot be bound.
 
     ``tls`` is (key, certificate chain) in PEM; ``client_ca`` (PEM, needs ``tls``) turns on
     mutual TLS: only clients with a certificate signed by it can open a connection.
     ``reuse_port``: SO_REUSEPORT, for the workers of one parent (``epp serve --workers``).
     """
+    address = format_hostport(host, port)
+    if stack == "grpclib":
+        h2 = H2ExtProcServer(
+            processor, health_state, host, port, tls, client_ca, reuse_port=reuse_port
+        )
+        try:
+            await h2.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {address}: {exc.strerror}") from exc
+        return h2, h2.port
     server = grpc.aio.server(options=_server_options(reuse_port))
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
-    if tls is None:
-        port = server.add_insecure_port(address)
-    else:
-        credentials = grpc.ssl_server_credentials(
-            [tls], root_certificates=client_ca, require_client_auth=client_ca is not None
-        )
-        port = server.add_secure_port(address, credentials)
-    return server, port
+    try:
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [tls], root_certificates=client_ca, require_client_auth=client_ca is not None
+            )
+            bound = server.add_secure_port(address, credentials)
+    except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
+        raise ConfigError(f"cannot listen on {address}: {exc}") from exc
+    await server.start()
+    return server, bound
 
 
 def build_health_server(health_state: HealthState, address: str) -> tuple[grpc.aio.Server, int]:
