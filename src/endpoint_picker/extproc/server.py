@@ -85,10 +85,12 @@ class HealthState:
         self._statuses: dict[str, int] = {}
 
     async def start(self) -> None:
-        serving = health_pb2.HealthCheckResponse.SERVING
-        self._statuses["liveness"] = serving
-        await self.servicer.set("liveness", serving)
+        await self._set("liveness", health_pb2.HealthCheckResponse.SERVING)
         await self.set_ready(False)
+
+    async def _set(self, service: str, status: int) -> None:
+        self._statuses[service] = status
+        await self.servicer.set(service, status)
 
     def status(self, service: str) -> int | None:
         """A service's serving status; None for a service this server does not know."""
@@ -102,8 +104,7 @@ class HealthState:
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for service in _READINESS_SERVICES:
-            self._statuses[service] = status
-            await self.servicer.set(service, status)
+            await self._set(service, status)
 
     @property
     def ready(self) -> bool:
