@@ -146,7 +146,8 @@ async def test_fail_open_without_an_epp_still_never_lets_the_client_choose(
         failure_mode_allow=True,
     ) as envoy:
         reply = await post(session, envoy.url, PAYLOAD, headers={DESTINATION: ranked[0].hostport})
-    assert reply.status == status, reply.body
+        # (failed once in a full run, not reproduced since: Envoy's log says why next time)
+        assert reply.status == status, (reply.body, envoy.log_tail())
     assert not any(b.received for b in ranked)
 
 

@@ -90,7 +90,9 @@ async def test_models_route_through_envoy_to_the_fleet(tmp_path: Path) -> None:
         running_envoy(tmp_path, "reference", epp_port=app.ports.ext_proc, epp_tls=False) as envoy,
         aiohttp.ClientSession() as session,
     ):
-        requests = [BASE] * 12 + ["food"] * 24
+        # 48 draws of a 3:1 split: v1 > v2 > 0 fails about once in 6,000 runs (24 draws:
+        # once in 120, a flaky test).
+        requests = [BASE] * 12 + ["food"] * 48
         replies = await asyncio.gather(
             *(
                 post(session, envoy.url, {"model": m, "prompt": f"say {i}", "max_tokens": 8})
@@ -108,7 +110,7 @@ async def test_models_route_through_envoy_to_the_fleet(tmp_path: Path) -> None:
     assert [r.status for r in replies] == [200] * len(requests)
     answered = Counter(r.json["model"] for r in replies)
     assert answered[BASE] == 12
-    assert answered["food-v1"] + answered["food-v2"] == 24
+    assert answered["food-v1"] + answered["food-v2"] == 48
     assert answered["food-v1"] > answered["food-v2"] > 0
     assert stream.status == 200
     assert stream.body.rstrip().endswith(b"data: [DONE]")
