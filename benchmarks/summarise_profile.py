@@ -2,8 +2,9 @@
 
 Run: .venv/bin/python benchmarks/summarise_profile.py PROFILE.txt [--requests N] [--top 15]
 
-Each sample goes to the part of the innermost frame that is ours (the gRPC servicer loop in
-extproc/server.py counts as gRPC: its own samples are the receive and send calls):
+Each sample goes to the part of the innermost frame that is ours (the gRPC servicer loops in
+extproc/server.py and extproc/h2server.py count as gRPC: their own samples are the receive and
+send calls):
 - request path: extproc (but the servicer loop), director, scheduling, flow control, requests;
 - scraping:     endpoint_picker.metrics (the model servers' /metrics);
 - telemetry:    endpoint_picker.telemetry and prometheus_client (the EPP's own metrics, logs);
@@ -33,7 +34,7 @@ def part_of(frame: str) -> str | None:
     if "endpoint_picker/" not in path:
         return None
     module = path.split("endpoint_picker/", 1)[1]
-    if module == "extproc/server.py":
+    if module in ("extproc/server.py", "extproc/h2server.py"):  # the servicer loops
         return None
     if module.startswith("metrics/"):
         return "scraping"
