@@ -12,15 +12,21 @@ same ``ExternalProcessor`` servicer) and ``grpc.health.v1.Health/Check`` (from `
 ``Watch`` is not served: Envoy and Kubernetes probes use ``Check``). TLS and mutual TLS through
 an ``ssl.SSLContext`` with ALPN ``h2``. ``stop(grace)`` drains: the listener closes, every
 connection gets a GOAWAY (so Envoy opens its next streams elsewhere), open streams get ``grace``
-seconds to finish, and whatever is left is cancelled. grpclib has no GOAWAY of its own and h2's
-state machine refuses every frame after one, so the frame is written to the transport beside
-h2: the first step of HTTP/2's graceful shutdown (RFC 9113, 6.8), a GOAWAY with the largest
-stream id, so that every stream the client has opened goes on and it opens no more here.
+seconds to finish, whatever is left is cancelled and every connection closed (a connection whose
+TLS handshake ends during the drain is closed at once). A message longer than grpcio's limit
+(``wire.MAX_MESSAGE_BYTES``) is refused with RESOURCE_EXHAUSTED before it is read; grpclib
+alone has none.
+
+grpclib has no GOAWAY of its own and h2's state machine refuses every frame after one, so the
+frame is written to the transport beside h2: the first step of HTTP/2's graceful shutdown (RFC
+9113, 6.8), a GOAWAY with the largest stream id, so that every stream the client has opened goes
+on and it opens no more here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
 import tempfile
@@ -30,6 +36,7 @@ from asyncio import BaseTransport
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, cast
 
+import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2
 from grpclib.const import Cardinality, Handler, Status
@@ -40,12 +47,19 @@ from grpclib.server import Server, Stream
 from h2.settings import SettingCodes
 from hyperframe.frame import GoAwayFrame
 
+from endpoint_picker.extproc import wire
+
 if TYPE_CHECKING:
     from endpoint_picker.extproc.server import ExternalProcessor, HealthState
+
+log = structlog.get_logger(__name__)
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
 _MAX_STREAM_ID = 2**31 - 1  # a GOAWAY naming it: every stream the client has opened goes on
+# How long a stream whose answer is complete waits for the client to end its side.
+CLIENT_REST_SECONDS = 1.0
+_CLOSE_SECONDS = 5.0  # how long stop() waits for cancelled handlers to end
 
 
 class _Services:
@@ -72,11 +86,12 @@ class _Services:
         }
 
     async def _process(self, stream: Stream[pb.ProcessingRequest, pb.ProcessingResponse]) -> None:
-        # The servicer's generator reads the stream as its request iterator; it never uses the
+        # The servicer reads the client's messages as its request iterator; it never uses the
         # context argument, which grpclib has no equivalent of.
+        requests = _requests(stream)
         responses = cast(
             AsyncGenerator[pb.ProcessingResponse, None],
-            self._processor.Process(cast(AsyncIterator[pb.ProcessingRequest], stream), None),
+            self._processor.Process(requests, None),
         )
         try:
             async for response in responses:
@@ -84,9 +99,12 @@ class _Services:
             # The servicer has answered (an immediate response can come before the client has
             # sent its whole request): read what the client still sends before the trailers
             # end the call, as a client that writes its request before reading expects. Envoy
-            # closes its side at once after an immediate response or the last response.
-            async for _ in stream:
-                pass
+            # closes its side at once after an immediate response or the last response; a
+            # client that never does gets its status after CLIENT_REST_SECONDS.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLIENT_REST_SECONDS):
+                    async for _ in requests:
+                        pass
         finally:
             # Cancelled while sending (Envoy reset the stream): close the generator now, so
             # that its ``finally`` frees the request's slot and in-flight count at once.
@@ -102,6 +120,28 @@ class _Services:
         if status is None:
             raise GRPCError(Status.NOT_FOUND, f"unknown service {request.service!r}")
         await stream.send_message(health_pb2.HealthCheckResponse(status=status))
+
+
+async def _requests(
+    stream: Stream[pb.ProcessingRequest, pb.ProcessingResponse],
+) -> AsyncIterator[pb.ProcessingRequest]:
+    """The client's messages. grpclib reads a message of any announced length (up to 4 GiB)
+    into memory; this refuses one longer than ``MAX_MESSAGE_BYTES`` (grpcio's limit in
+    ``server.py``) before reading a byte of it."""
+    frames = cast(Any, stream)._stream  # grpclib's HTTP/2 stream under the gRPC one
+    while True:
+        prefix = await frames.recv_data(5)  # compressed flag, then the length (big-endian)
+        if not prefix:
+            return
+        size = int.from_bytes(prefix[1:5], "big")
+        if prefix[0]:
+            raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+        if size > wire.MAX_MESSAGE_BYTES:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"a message of {size} bytes exceeds the limit of {wire.MAX_MESSAGE_BYTES}",
+            )
+        yield pb.ProcessingRequest.FromString(await frames.recv_data(size))
 
 
 def server_ssl_context(tls: tuple[bytes, bytes], client_ca: bytes | None) -> ssl.SSLContext:
@@ -131,11 +171,26 @@ class _Protocol(H2Protocol):
     connections. As grpcio, allow any number; ``--max-concurrent-streams`` caps them all,
     every connection together, with a JSON 429 rather than a refused stream."""
 
+    def __init__(self, server: _TrackingServer, default: H2Protocol) -> None:
+        super().__init__(default.handler, default.config, default.h2_config)
+        self._server = server
+        self._refused = False
+
     def connection_made(self, transport: BaseTransport) -> None:
         super().connection_made(transport)
+        if self._server.stopping:
+            # accepted before the listener closed, its TLS handshake done only now: no streams
+            self._refused = True
+            _send_goaway(self)
+            self.connection.close()
+            return
         h2 = cast(Any, self.connection)._connection
         h2.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: _MAX_STREAM_ID})
         self.connection.flush()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:  # what arrived with the handshake of a refused connection: dropped
+            super().data_received(data)
 
 
 class _TrackingServer(Server):
@@ -145,10 +200,10 @@ class _TrackingServer(Server):
     def __init__(self, services: _Services) -> None:
         super().__init__([services])
         self.protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+        self.stopping = False
 
     def _protocol_factory(self) -> H2Protocol:
-        default = super()._protocol_factory()
-        protocol = _Protocol(default.handler, default.config, default.h2_config)
+        protocol = _Protocol(self, super()._protocol_factory())
         self.protocols.add(protocol)
         return protocol
 
@@ -195,6 +250,7 @@ class H2ExtProcServer:
         if not self._started:
             return
         self._started = False
+        self._server.stopping = True
         cast(Any, self._server)._server.close()  # the listener: no new connections
         protocols = self._live_protocols()
         for protocol in protocols:
@@ -205,10 +261,21 @@ class H2ExtProcServer:
                 break
             await asyncio.sleep(0.05)
         self._server.close()  # cancels the handlers still running
-        await self._server.wait_closed()
-        for protocol in protocols:
+        # Close every connection (a fresh look: a TLS handshake may have ended during the
+        # grace): Envoy keeps one open as long as a stream is, and a cancelled handler tells it
+        # nothing. Then wait for the cancelled handlers only. grpclib's wait_closed would also
+        # wait for asyncio's listener, which from Python 3.12.1 waits for every connection,
+        # one still in its TLS handshake included (closed in connection_made when it ends).
+        for protocol in self._live_protocols():
             if not protocol.connection.is_closing():
                 protocol.connection.close()
+        handlers = [_handler(protocol) for protocol in list(self._server.protocols)]
+        deadline = time.monotonic() + _CLOSE_SECONDS
+        while not all(handler.check_closed() for handler in handlers):
+            if time.monotonic() >= deadline:
+                log.warning("ext_proc handlers still running after stop", seconds=_CLOSE_SECONDS)
+                break
+            await asyncio.sleep(0.01)
 
     def _live_protocols(self) -> list[H2Protocol]:
         return [p for p in self._server.protocols if hasattr(p, "connection")]

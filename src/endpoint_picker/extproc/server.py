@@ -116,9 +116,8 @@ def _server_options(reuse_port: bool = False) -> list[tuple[str, int]]:
         # A port already in use must fail loudly, not be shared with another process; only the
         # workers of one `epp serve --workers N` share theirs (their parent holds the port).
         ("grpc.so_reuseport", 1 if reuse_port else 0),
-        # Request bodies arrive in chunks, but keep room for large single messages.
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ]

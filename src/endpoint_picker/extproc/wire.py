@@ -16,6 +16,10 @@ SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served"
 # not connect to the endpoint the EPP picked: the EPP's passive health signal.
 UPSTREAM_FAILURE_HEADER = "x-gateway-upstream-failure"
 
+# The largest gRPC message either ext_proc stack accepts or sends: request bodies arrive in
+# chunks, but keep room for large single messages.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
 REQUEST_ID_HEADER = "x-request-id"
 CONTENT_LENGTH = "content-length"
 CONTENT_TYPE = "content-type"
