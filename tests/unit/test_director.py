@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections import Counter
 
 import orjson
@@ -281,10 +282,15 @@ def test_rewrite_handles_the_deepest_body_the_parser_accepts() -> None:
     assert decision.body == raw[: -len(b'"m"}')] + b'"a"}'  # only the top-level value changed
 
 
-def test_rewrite_of_a_deep_body_with_an_escaped_model_key_is_a_400() -> None:
-    """A body only the fallback can rewrite, nested past its recursion limit, is a clean 400."""
+def test_rewrite_of_a_deep_body_with_an_escaped_model_key_is_a_400_or_a_rewrite() -> None:
+    """A body only the fallback can rewrite, nested past Python 3.11's recursion limit, is a
+    clean 400 there; Python 3.12's json goes deeper and rewrites it. Never a crash."""
     director, _ = make_director(pool(), model("m", targets={"a": 1}), *PODS)
     depth = 1020
     raw = b'{"\\u006dodel": "m", "prompt": ' + b"[" * depth + b"]" * depth + b"}"
-    with pytest.raises(BadRequestError, match="nested too deeply"):
-        director.route("r", "/v1/completions", raw, None)
+    if sys.version_info < (3, 12):
+        with pytest.raises(BadRequestError, match="nested too deeply"):
+            director.route("r", "/v1/completions", raw, None)
+    else:
+        decision = director.route("r", "/v1/completions", raw, None)
+        assert orjson.loads(decision.body)["model"] == "a"

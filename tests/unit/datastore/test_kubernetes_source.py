@@ -232,6 +232,8 @@ async def test_dropped_connection_reconnects_from_the_last_version(tmp_path: Pat
     async with running(tmp_path, BASE) as r:
         await asyncio.wait_for(r.source.synced.wait(), 2)
         await eventually(lambda: r.source.healthy)
+        # healthy comes with the lists; the watch may open a moment later (first on Python 3.12)
+        await eventually(lambda: r.api.count("watch pods") == 1)
         r.api.drop()
         r.api.delete(pod("a", "10.0.0.1"))  # while no watch is open
         await eventually(lambda: r.hostports() == ["10.0.0.2:8000"])
