@@ -81,8 +81,6 @@ async def test_drain_lets_streams_on_every_connection_finish_and_cancels_past_gr
             f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
         ) as second,
     ):
-        from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-
         finishing = pb_grpc.ExternalProcessorStub(first).Process()
         lingering = pb_grpc.ExternalProcessorStub(second).Process()
         for call in (finishing, lingering):
