@@ -255,11 +255,7 @@ class H2ExtProcServer:
         protocols = self._live_protocols()
         for protocol in protocols:
             _send_goaway(protocol)
-        deadline = None if grace is None else time.monotonic() + grace
-        while any(not _handler(protocol).check_closed() for protocol in protocols):
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.05)
+        await _handlers_done([_handler(protocol) for protocol in protocols], grace)
         self._server.close()  # cancels the handlers still running
         # Close every connection (a fresh look: a TLS handshake may have ended during the
         # grace): Envoy keeps one open as long as a stream is, and a cancelled handler tells it
@@ -270,15 +266,22 @@ class H2ExtProcServer:
             if not protocol.connection.is_closing():
                 protocol.connection.close()
         handlers = [_handler(protocol) for protocol in list(self._server.protocols)]
-        deadline = time.monotonic() + _CLOSE_SECONDS
-        while not all(handler.check_closed() for handler in handlers):
-            if time.monotonic() >= deadline:
-                log.warning("ext_proc handlers still running after stop", seconds=_CLOSE_SECONDS)
-                break
-            await asyncio.sleep(0.01)
+        if not await _handlers_done(handlers, _CLOSE_SECONDS):
+            log.warning("ext_proc handlers still running after stop", seconds=_CLOSE_SECONDS)
 
     def _live_protocols(self) -> list[H2Protocol]:
         return [p for p in self._server.protocols if hasattr(p, "connection")]
+
+
+async def _handlers_done(handlers: list[GrpclibHandler], seconds: float | None) -> bool:
+    """Wait until every handler has no stream left, at most ``seconds`` (None: no limit);
+    whether they all finished."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while not all(handler.check_closed() for handler in handlers):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def _handler(protocol: H2Protocol) -> GrpclibHandler:
