@@ -13,8 +13,9 @@ scrapers). Modes:
 - noop-grpclib: the same no-op on grpclib (benchmarks/noop_grpclib.py), the floor of the
           EPP's default gRPC stack;
 - epp:    ext_proc to `epp serve` with the default scheduler, scraping every endpoint at 50 ms;
-- epp-grpcio: the same with `--ext-proc-server grpcio`;
-- eppN, epp-grpcioN: with `--workers N` (give Envoy N threads, `--envoy-concurrency N`, so
+- epp-STACK: the same with `--ext-proc-server STACK` (grpcio, grpclib, h2);
+- noop-h2: the no-op answered straight on h2 (benchmarks/noop_h2.py), as the h2 stack does;
+- eppN, epp-STACKN: with `--workers N` (give Envoy N threads, `--envoy-concurrency N`, so
           that it opens N connections for the kernel to spread over the workers).
 """
 
@@ -42,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from endpoint_picker import envoy_config  # noqa: E402
+from endpoint_picker.settings import EXT_PROC_SERVERS  # noqa: E402
 
 BIN = Path(sys.executable).parent
 METRICS_PAGE = REPO / "tests" / "unit" / "metrics" / "fixtures" / "vllm_v1_metrics.txt"
@@ -320,6 +322,22 @@ def start_profile(pid: int, mode: str, args: argparse.Namespace) -> subprocess.P
     )  # fmt: skip
 
 
+def _epp_mode(mode: str) -> tuple[str, str]:
+    """``epp[-STACK][N]`` as (the --ext-proc-server stack or "" for the default, workers)."""
+    stacks = "|".join(EXT_PROC_SERVERS)
+    match = re.fullmatch(rf"epp(?:-({stacks}))?(\d*)", mode)
+    if match is None:
+        raise SystemExit(f"unknown mode {mode!r}")
+    return match.group(1) or "", match.group(2) or "1"
+
+
+_NOOP_SCRIPTS = {
+    "noop": "noop_extproc.py",
+    "noop-grpclib": "noop_grpclib.py",
+    "noop-h2": "noop_h2.py",
+}
+
+
 def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float, int, float]:
     endpoints = [f"127.0.0.{i + 2}:{args.backend_port}" for i in range(args.endpoints)]
     listen, admin, ext_port = free_port(), free_port(), free_port()
@@ -337,8 +355,8 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
     (tmp / f"front-{mode}.yaml").write_text(config)
     with contextlib.ExitStack() as stack:
         processor: subprocess.Popen[bytes] | None = None
-        if mode in ("noop", "noop-grpclib"):
-            script = "noop_extproc.py" if mode == "noop" else "noop_grpclib.py"
+        if mode in _NOOP_SCRIPTS:
+            script = _NOOP_SCRIPTS[mode]
             processor = stack.enter_context(
                 process(
                     [
@@ -354,8 +372,7 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
             )
         elif mode.startswith("epp"):
             pool_file(endpoints, tmp / "pool.yaml")
-            grpcio = mode.startswith("epp-grpcio")
-            workers = mode.removeprefix("epp-grpcio" if grpcio else "epp") or "1"
+            server, workers = _epp_mode(mode)
             processor = stack.enter_context(
                 process(
                     [
@@ -377,7 +394,7 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
                         workers,
                         "--log-level",
                         "warning",
-                        *(["--ext-proc-server", "grpcio"] if grpcio else []),
+                        *(["--ext-proc-server", server] if server else []),
                     ],
                     tmp / f"{mode}.log",
                 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -19,24 +19,29 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
 
-class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, endpoints: list[str]) -> None:
-        self._next = itertools.cycle(endpoints)
+class NoopStream:
+    """One stream's answers, message by message (what the EPP's ``RequestStream`` does, minus
+    the parsing, the scheduling and the bookkeeping)."""
 
-    async def Process(
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: object
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        body = bytearray()
-        async for message in request_iterator:
-            kind = message.WhichOneof("request")
-            if kind == "request_body":
-                body += message.request_body.body
-                if not message.request_body.end_of_stream:
-                    continue
-                target = next(self._next)
-                metadata = struct_pb2.Struct()
-                metadata.update({"envoy.lb": {"x-gateway-destination-endpoint": target}})
-                yield pb.ProcessingResponse(
+    queued = False  # never waits in flow control
+    finished = False  # Envoy ends the stream
+    request_id = ""
+
+    def __init__(self, targets: Iterator[str]) -> None:
+        self._targets = targets
+        self._body = bytearray()
+
+    def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = message.WhichOneof("request")
+        if kind == "request_body":
+            self._body += message.request_body.body
+            if not message.request_body.end_of_stream:
+                return []
+            target = next(self._targets)
+            metadata = struct_pb2.Struct()
+            metadata.update({"envoy.lb": {"x-gateway-destination-endpoint": target}})
+            return [
+                pb.ProcessingResponse(
                     request_headers=pb.HeadersResponse(
                         response=pb.CommonResponse(
                             clear_route_cache=True,
@@ -53,23 +58,25 @@ class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         )
                     ),
                     dynamic_metadata=metadata,
-                )
-                yield pb.ProcessingResponse(
+                ),
+                pb.ProcessingResponse(
                     request_body=pb.BodyResponse(
                         response=pb.CommonResponse(
                             body_mutation=pb.BodyMutation(
                                 streamed_response=pb.StreamedBodyResponse(
-                                    body=bytes(body), end_of_stream=True
+                                    body=bytes(self._body), end_of_stream=True
                                 )
                             )
                         )
                     )
-                )
-            elif kind == "response_headers":
-                yield pb.ProcessingResponse(response_headers=pb.HeadersResponse())
-            elif kind == "response_body":
-                chunk = message.response_body
-                yield pb.ProcessingResponse(
+                ),
+            ]
+        if kind == "response_headers":
+            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
+        if kind == "response_body":
+            chunk = message.response_body
+            return [
+                pb.ProcessingResponse(
                     response_body=pb.BodyResponse(
                         response=pb.CommonResponse(
                             body_mutation=pb.BodyMutation(
@@ -80,10 +87,31 @@ class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         )
                     )
                 )
-            elif kind == "request_trailers":
-                yield pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
-            elif kind == "response_trailers":
-                yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+            ]
+        if kind == "request_trailers":
+            return [pb.ProcessingResponse(request_trailers=pb.TrailersResponse())]
+        if kind == "response_trailers":
+            return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, endpoints: list[str]) -> None:
+        self._targets = itertools.cycle(endpoints)
+
+    def new_stream(self) -> NoopStream:
+        return NoopStream(self._targets)
+
+    async def Process(
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: object
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = self.new_stream()
+        async for message in request_iterator:
+            for response in stream.handle(message):
+                yield response
 
 
 async def serve(port: int, endpoints: list[str]) -> None:

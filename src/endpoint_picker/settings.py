@@ -13,7 +13,7 @@ from pathlib import Path
 from endpoint_picker.errors import ConfigError
 
 # ServerSettings.ext_proc_server's choices
-EXT_PROC_SERVERS = ("grpcio", "grpclib")
+EXT_PROC_SERVERS = ("grpcio", "grpclib", "h2")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {
     "ns": 1e-9,

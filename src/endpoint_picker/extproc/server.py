@@ -13,7 +13,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from endpoint_picker.errors import ConfigError, ErrorCode
 from endpoint_picker.extproc import responses, wire
-from endpoint_picker.extproc.h2server import H2ExtProcServer
+from endpoint_picker.extproc.h2grpc import H2GrpcServer
+from endpoint_picker.extproc.h2server import H2ExtProcServer, server_ssl_context
 from endpoint_picker.extproc.limits import StreamSlots
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.telemetry.metrics import EppMetrics
@@ -37,25 +38,42 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._slots = slots or StreamSlots(0)
         self._metrics = metrics
 
+    def open_stream(self) -> RequestStream | None:
+        """A new stream's state, or None when ``--max-concurrent-streams`` refuses it (counted
+        and logged here; answer its first message with ``refusal()``). ``close_stream`` ends a
+        stream this returned."""
+        stream = self._new_stream()
+        if self._slots.try_acquire():
+            return stream
+        stream.close()
+        log.debug("ext_proc stream refused", open_streams=self._slots.open)
+        if self._metrics is not None:
+            self._metrics.stream_limit_rejections.inc()
+            self._metrics.request_failed("", "", ErrorCode.RESOURCE_EXHAUSTED)
+        return None
+
+    def close_stream(self, stream: RequestStream) -> None:
+        self._slots.release()
+        stream.close()
+
+    @staticmethod
+    def refusal() -> pb.ProcessingResponse:
+        # A JSON 429 on the first message: gRPC's own RESOURCE_EXHAUSTED would reach the client
+        # as Envoy's empty 500.
+        return responses.immediate_error(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            "the endpoint picker has too many open requests; retry later",
+        )
+
     async def Process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = self._new_stream()
-        if not self._slots.try_acquire():
-            stream.close()
-            # A JSON 429 on the first message: gRPC's own RESOURCE_EXHAUSTED would reach the
-            # client as Envoy's empty 500.
-            log.debug("ext_proc stream refused", open_streams=self._slots.open)
-            if self._metrics is not None:
-                self._metrics.stream_limit_rejections.inc()
-                self._metrics.request_failed("", "", ErrorCode.RESOURCE_EXHAUSTED)
+        stream = self.open_stream()
+        if stream is None:
             async for _ in request_iterator:
-                yield responses.immediate_error(
-                    ErrorCode.RESOURCE_EXHAUSTED,
-                    "the endpoint picker has too many open requests; retry later",
-                )
+                yield self.refusal()
                 return
             return
         try:
@@ -71,8 +89,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             log.exception("ext_proc stream failed", request_id=stream.request_id)
             raise
         finally:
-            self._slots.release()
-            stream.close()
+            self.close_stream(stream)
 
 
 class HealthState:
@@ -148,6 +165,14 @@ async def start_ext_proc_server(
     ``reuse_port``: SO_REUSEPORT, for the workers of one parent (``epp serve --workers``).
     """
     address = format_hostport(host, port)
+    if stack == "h2":
+        context = server_ssl_context(tls, client_ca) if tls is not None else None
+        lean = H2GrpcServer(processor, health_state, host, port, context, reuse_port=reuse_port)
+        try:
+            await lean.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {address}: {exc.strerror}") from exc
+        return lean, lean.port
     if stack == "grpclib":
         h2 = H2ExtProcServer(
             processor, health_state, host, port, tls, client_ca, reuse_port=reuse_port

@@ -1,0 +1,556 @@
+"""The ext_proc server on h2 alone: gRPC's two methods served straight from HTTP/2 events.
+
+The EPP serves two gRPC methods on this port, ext_proc's ``Process`` and health's ``Check``,
+and answers each ext_proc message synchronously (``RequestStream.handle``) but for a request
+that waits in flow control. So this server needs no general gRPC framework: it runs h2's state
+machine in the event loop's ``data_received``, decodes each length-prefixed message as its
+last byte arrives and answers in the same call, without a task, a queue or a wake-up per
+message; a task exists only while a request waits in flow control. Measured through Envoy
+(README, "Performance"), it needs less than half of grpclib's CPU for the no-op answers.
+
+What the grpclib server does, it does: ``Process`` and ``grpc.health.v1.Health/Check`` (from
+``HealthState``; any other method is UNIMPLEMENTED), TLS and mutual TLS through an
+``ssl.SSLContext`` with ALPN ``h2``, any number of streams per connection (``--max-concurrent-
+streams`` caps them with a JSON 429 instead), a message past ``wire.MAX_MESSAGE_BYTES`` refused
+with RESOURCE_EXHAUSTED before it is buffered, SO_REUSEPORT for ``--workers``, and the drain of
+``stop(grace)``: the listener closes, each connection gets a GOAWAY naming the largest stream id
+(RFC 9113, 6.8: the open streams go on, no new ones; written beside h2, whose state machine
+refuses every frame after a GOAWAY of its own), open calls get ``grace``, the rest are reset.
+
+Flow control: what arrives is acknowledged at once (a call's unread bytes are bounded by the
+message limit), and a window large enough for a long prompt is announced up front; what is
+sent waits for the client's window, per stream, in order, the trailers last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    RemoteSettingsChanged,
+    RequestReceived,
+    StreamEnded,
+    StreamReset,
+    WindowUpdated,
+)
+from h2.exceptions import ProtocolError, StreamClosedError
+from h2.settings import SettingCodes
+from hyperframe.frame import GoAwayFrame
+
+from endpoint_picker.extproc import wire
+from endpoint_picker.extproc.stream import RequestStream
+
+if TYPE_CHECKING:
+    from endpoint_picker.extproc.server import ExternalProcessor, HealthState
+
+log = structlog.get_logger(__name__)
+
+PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+HEALTH_CHECK_PATH = b"/grpc.health.v1.Health/Check"
+# How long a call whose answer is complete waits for the client to end its side before the
+# stream is reset (RFC 9113, 8.1: NO_ERROR, "stop sending"); Envoy ends its side at once.
+CLIENT_REST_SECONDS = 1.0
+_CLOSE_SECONDS = 5.0  # how long stop() waits for cancelled flow-control waits to end
+_MAX_STREAM_ID = 2**31 - 1
+# Announced receive windows: a 200 KB prompt arrives without waiting for a window update.
+_STREAM_WINDOW = 4 * 1024 * 1024
+_CONNECTION_WINDOW = 64 * 1024 * 1024
+
+# gRPC status codes (grpc/doc/statuscodes.md)
+OK, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND = 0, 2, 3, 5
+RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 8, 12, 13
+
+_CONFIG = H2Configuration(
+    client_side=False,
+    header_encoding=None,
+    # Our own headers are fixed and valid: skip h2's per-send checks. Inbound ones stay checked.
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+)
+_RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
+_OK_TRAILERS = ((b"grpc-status", b"0"),)
+
+
+def _frame(message: bytes) -> bytes:
+    """gRPC's length-prefixed message: not compressed, then the length (big-endian)."""
+    return b"\0" + len(message).to_bytes(4, "big") + message
+
+
+def _status_headers(code: int, message: str) -> list[tuple[bytes, bytes]]:
+    headers = [(b"grpc-status", str(code).encode())]
+    if message:
+        headers.append((b"grpc-message", _percent_encode(message)))
+    return headers
+
+
+def _percent_encode(text: str) -> bytes:
+    """grpc-message's encoding: printable ASCII but ``%`` as is, every other byte as %XX."""
+    return b"".join(
+        bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
+        for b in text.encode("utf-8")
+    )
+
+
+class _CallError(Exception):
+    """Ends a call with a gRPC status (the message's own fault, not the server's)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Call:
+    """One gRPC call: an HTTP/2 stream of ``Process`` or ``Check``."""
+
+    __slots__ = (
+        "answered",
+        "buffer",
+        "ended",
+        "headers_sent",
+        "is_health",
+        "outbox",
+        "rest_timer",
+        "session",
+        "stream_id",
+        "trailers",
+        "waiting",
+    )
+
+    def __init__(self, stream_id: int, is_health: bool, session: RequestStream | None) -> None:
+        self.stream_id = stream_id
+        self.is_health = is_health
+        self.session = session  # Process only; None for health, or a stream refused at the limit
+        self.buffer = bytearray()  # received bytes not yet decoded into messages
+        self.ended = False  # the client has ended its side
+        self.answered = False  # our trailers are sent or queued: nothing more to answer
+        self.headers_sent = False
+        self.outbox: list[memoryview] = []  # framed data waiting for the client's window
+        self.trailers: Sequence[tuple[bytes, bytes]] | None = None  # sent once the outbox is empty
+        self.waiting: asyncio.Task[None] | None = None  # while the request waits in flow control
+        self.rest_timer: asyncio.TimerHandle | None = None
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: h2's state machine and the calls open on it."""
+
+    def __init__(self, server: H2GrpcServer) -> None:
+        self._server = server
+        self._processor = server.processor
+        self._h2 = H2Connection(config=_CONFIG)
+        self._calls: dict[int, _Call] = {}
+        self._transport: asyncio.Transport | None = None
+        self._refused = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._server.connections.add(self)
+        if self._server.stopping:
+            # accepted before the listener closed, its TLS handshake done only now: no streams
+            self._refused = True
+            self.goaway()
+            transport.close()
+            return
+        h2 = self._h2
+        h2.initiate_connection()
+        h2.update_settings(
+            {
+                SettingCodes.MAX_CONCURRENT_STREAMS: _MAX_STREAM_ID,
+                SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
+            }
+        )
+        h2.increment_flow_control_window(_CONNECTION_WINDOW - 65_535)
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:  # what arrived with the handshake of a refused connection: dropped
+            return
+        try:
+            events = self._h2.receive_data(data)
+        except ProtocolError as exc:
+            log.info("ext_proc connection closed on a protocol error", error=str(exc))
+            self._flush()  # h2's GOAWAY
+            self.close()
+            return
+        for event in events:
+            self._on_event(event)
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for call in list(self._calls.values()):
+            self._drop(call)
+        self._server.connections.discard(self)
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, DataReceived):
+            call = self._calls.get(event.stream_id)
+            self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if call is not None and not call.answered:
+                call.buffer += event.data
+                if call.waiting is None:
+                    self._feed(call)
+        elif isinstance(event, RequestReceived):
+            self._open(event.stream_id, event.headers)
+        elif isinstance(event, StreamEnded):
+            call = self._calls.get(event.stream_id)
+            if call is not None:
+                call.ended = True
+                if call.answered:
+                    self._send_outbox(call)  # the status it was held for
+                elif call.waiting is None:
+                    self._end(call)
+        elif isinstance(event, StreamReset):
+            call = self._calls.get(event.stream_id)
+            if call is not None:
+                self._drop(call)
+        elif isinstance(event, WindowUpdated):
+            if event.stream_id:
+                call = self._calls.get(event.stream_id)
+                if call is not None:
+                    self._send_outbox(call)
+            else:
+                for call in list(self._calls.values()):
+                    self._send_outbox(call)
+        elif isinstance(event, RemoteSettingsChanged):
+            if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+                for call in list(self._calls.values()):
+                    self._send_outbox(call)
+        elif isinstance(event, ConnectionTerminated):
+            self.close()
+
+    def _open(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        path = content_type = b""
+        for name, value in headers:
+            if name == b":path":
+                path = value
+            elif name == b"content-type":
+                content_type = value
+        if not content_type.startswith(b"application/grpc"):
+            # not gRPC at all: a plain HTTP answer, as gRPC servers give
+            self._h2.send_headers(stream_id, ((b":status", b"415"),), end_stream=True)
+            return
+        if path == PROCESS_PATH:
+            call = _Call(stream_id, False, self._processor.open_stream())
+        elif path == HEALTH_CHECK_PATH:
+            call = _Call(stream_id, True, None)
+        else:
+            method = path.decode("utf-8", "replace")
+            self._h2.send_headers(
+                stream_id,
+                (*_RESPONSE_HEADERS, *_status_headers(UNIMPLEMENTED, f"unknown method {method}")),
+                end_stream=True,
+            )
+            return
+        self._calls[stream_id] = call
+
+    def _feed(self, call: _Call) -> None:
+        """Answer every complete message received, in order, until the call waits in flow
+        control or is answered."""
+        while not call.answered and call.waiting is None:
+            try:
+                message = self._next_message(call)
+            except _CallError as exc:
+                self._finish(call, exc.code, exc.message)
+                return
+            if message is None:
+                return
+            if call.is_health:
+                self._check(call, message)
+            elif call.session is None:  # refused at the open-streams limit
+                self._answer(call, (self._processor.refusal(),))
+                self._finish(call, OK)
+            else:
+                self._process(call, call.session, message)
+
+    def _end(self, call: _Call) -> None:
+        """The client ended its side with every message answered."""
+        if call.is_health:
+            self._finish(call, INVALID_ARGUMENT, "a health check needs a request message")
+        elif call.buffer:
+            self._finish(call, INTERNAL, "the stream ended inside a message")
+        else:
+            self._finish(call, OK)
+
+    @staticmethod
+    def _next_message(call: _Call) -> bytes | None:
+        buffer = call.buffer
+        if len(buffer) < 5:
+            return None
+        if buffer[0]:
+            raise _CallError(UNIMPLEMENTED, "compressed messages are not supported")
+        size = int.from_bytes(buffer[1:5], "big")
+        if size > wire.MAX_MESSAGE_BYTES:
+            raise _CallError(
+                RESOURCE_EXHAUSTED,
+                f"a message of {size} bytes exceeds the limit of {wire.MAX_MESSAGE_BYTES}",
+            )
+        if len(buffer) < 5 + size:
+            return None
+        message = bytes(buffer[5 : 5 + size])
+        del buffer[: 5 + size]
+        return message
+
+    def _process(self, call: _Call, session: RequestStream, raw: bytes) -> None:
+        try:
+            message = pb.ProcessingRequest.FromString(raw)
+        except DecodeError:
+            self._finish(call, INTERNAL, "the message is not a ProcessingRequest")
+            return
+        try:
+            out = session.handle(message)
+        except Exception:  # RequestStream answers its own errors; this is a bug
+            log.exception("ext_proc stream failed", request_id=session.request_id)
+            self._finish(call, UNKNOWN, "internal error in the endpoint picker")
+            return
+        if session.queued:  # flow control holds the request until the pool has room
+            call.waiting = asyncio.get_running_loop().create_task(self._wait(call, session))
+            return
+        self._answer(call, out)
+        if session.finished:
+            self._finish(call, OK)
+
+    async def _wait(self, call: _Call, session: RequestStream) -> None:
+        try:
+            out = await session.resume()
+        except Exception:
+            log.exception("ext_proc stream failed", request_id=session.request_id)
+            self._finish(call, UNKNOWN, "internal error in the endpoint picker")
+        else:
+            self._answer(call, out)
+            if session.finished:
+                self._finish(call, OK)
+        call.waiting = None
+        self._feed(call)  # what arrived meanwhile
+        if call.ended and call.stream_id in self._calls and not call.answered:
+            self._end(call)
+        self._flush()
+
+    def _check(self, call: _Call, raw: bytes) -> None:
+        try:
+            request = health_pb2.HealthCheckRequest.FromString(raw)
+        except DecodeError:
+            self._finish(call, INTERNAL, "the message is not a HealthCheckRequest")
+            return
+        status = self._server.health.status(request.service)
+        if status is None:
+            self._finish(call, NOT_FOUND, f"unknown service {request.service!r}")
+            return
+        self._answer(call, (health_pb2.HealthCheckResponse(status=status),))
+        self._finish(call, OK)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def _answer(self, call: _Call, messages: Sequence[pb.ProcessingResponse]) -> None:
+        if not messages:
+            return
+        try:
+            if not call.headers_sent:
+                self._h2.send_headers(call.stream_id, _RESPONSE_HEADERS)
+                call.headers_sent = True
+            for message in messages:
+                call.outbox.append(memoryview(_frame(message.SerializeToString())))
+            self._send_outbox(call)
+        except StreamClosedError:
+            self._drop(call)
+
+    def _finish(self, call: _Call, code: int, message: str = "") -> None:
+        """End the session and answer the call with its status, once the client has ended its
+        side (a gRPC client writing its request still would fail on an early status) or after
+        ``CLIENT_REST_SECONDS``; what the client still sends meanwhile is dropped."""
+        if call.answered:
+            return
+        call.answered = True
+        call.buffer.clear()
+        self._end_session(call)
+        trailers = _status_headers(code, message)
+        if not call.headers_sent:  # trailers only
+            trailers = [*_RESPONSE_HEADERS, *trailers]
+            call.headers_sent = True
+        call.trailers = trailers
+        if call.ended:
+            self._send_outbox(call)
+        else:
+            loop = asyncio.get_running_loop()
+            call.rest_timer = loop.call_later(CLIENT_REST_SECONDS, self._rest_over, call)
+
+    def _send_outbox(self, call: _Call) -> None:
+        """Send what the client's windows allow, then the status once it is due; a call whose
+        status is sent is forgotten."""
+        h2 = self._h2
+        stream_id = call.stream_id
+        outbox = call.outbox
+        try:
+            while outbox:
+                data = outbox[0]
+                size = min(h2.local_flow_control_window(stream_id), h2.max_outbound_frame_size)
+                if size <= 0:
+                    return
+                if len(data) <= size:
+                    h2.send_data(stream_id, data)
+                    outbox.pop(0)
+                else:
+                    h2.send_data(stream_id, data[:size])
+                    outbox[0] = data[size:]
+            if call.trailers is None or not (call.ended or call.rest_timer is None):
+                return  # no status yet, or held for the client's end
+            h2.send_headers(stream_id, call.trailers, end_stream=True)
+            call.trailers = None
+            if not call.ended:  # its rest is over: ask the client to stop sending
+                h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+        except StreamClosedError:
+            self._drop(call)
+            return
+        self._forget(call)
+
+    def _rest_over(self, call: _Call) -> None:
+        call.rest_timer = None
+        if self._calls.get(call.stream_id) is call and not call.ended:
+            self._send_outbox(call)
+            self._flush()
+
+    def _flush(self) -> None:
+        data = self._h2.data_to_send()
+        if data and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    # -- endings ---------------------------------------------------------------------------------
+
+    def _end_session(self, call: _Call) -> None:
+        session, call.session = call.session, None
+        if session is not None:
+            self._processor.close_stream(session)
+        if call.waiting is not None and call.waiting is not asyncio.current_task():
+            call.waiting.cancel()  # leaves the flow-control queue
+            self._server.cancelled.add(call.waiting)
+            call.waiting.add_done_callback(self._server.cancelled.discard)
+            call.waiting = None
+
+    def _forget(self, call: _Call) -> None:
+        if self._calls.get(call.stream_id) is call:
+            del self._calls[call.stream_id]
+        if call.rest_timer is not None:
+            call.rest_timer.cancel()
+            call.rest_timer = None
+
+    def _drop(self, call: _Call) -> None:
+        """The stream is gone (reset, or its connection): free what it holds, answer nothing."""
+        call.answered = True
+        call.outbox.clear()
+        call.trailers = None
+        self._end_session(call)
+        self._forget(call)
+
+    # -- drain -----------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call is still being answered."""
+        return any(not call.answered or call.outbox for call in self._calls.values())
+
+    def goaway(self) -> None:
+        """HTTP/2's graceful shutdown: no new streams, the open ones go on (RFC 9113, 6.8)."""
+        if self._transport is None or self._transport.is_closing():
+            return
+        frame = GoAwayFrame(0)
+        frame.last_stream_id = _MAX_STREAM_ID
+        frame.error_code = 0
+        self._flush()  # what h2 has queued goes first
+        self._transport.write(frame.serialize())
+
+    def cancel(self) -> None:
+        """Past the grace: reset what is still open and close the connection."""
+        for call in list(self._calls.values()):
+            if not call.answered:
+                with contextlib.suppress(StreamClosedError, ProtocolError):
+                    self._h2.reset_stream(call.stream_id, ErrorCodes.CANCEL)
+            self._drop(call)
+        with contextlib.suppress(ProtocolError):
+            self._flush()
+        self.close()
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+
+class H2GrpcServer:
+    """The h2 ext_proc server: ``start`` binds and listens, ``stop(grace)`` drains."""
+
+    def __init__(
+        self,
+        processor: ExternalProcessor,
+        health: HealthState,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        reuse_port: bool = False,
+    ) -> None:
+        self.processor = processor
+        self.health = health
+        self.connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self.cancelled: set[asyncio.Task[None]] = set()  # flow-control waits being cancelled
+        self.stopping = False
+        self._host = host
+        self._port = port
+        self._ssl = ssl_context
+        self._reuse_port = reuse_port
+        self._listener: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        """Bind and listen; raises ``OSError`` when the address cannot be bound."""
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            lambda: _Connection(self),
+            self._host or None,
+            self._port,
+            ssl=self._ssl,
+            reuse_address=True,
+            # A port in use fails loudly unless this is a worker of one parent (which holds it).
+            reuse_port=self._reuse_port,
+        )
+        self.port = int(self._listener.sockets[0].getsockname()[1])
+
+    async def stop(self, grace: float | None) -> None:
+        """Refuse new connections and streams, let open calls finish within ``grace`` seconds
+        (None: wait for them), then reset what is left and close every connection."""
+        listener, self._listener = self._listener, None
+        if listener is None:
+            return
+        self.stopping = True
+        listener.close()
+        for connection in list(self.connections):
+            connection.goaway()
+        deadline = None if grace is None else time.monotonic() + grace
+        while any(connection.busy for connection in list(self.connections)):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            connection.cancel()
+        if self.cancelled:
+            _, pending = await asyncio.wait(self.cancelled, timeout=_CLOSE_SECONDS)
+            if pending:
+                log.warning("ext_proc calls still waiting after stop", calls=len(pending))
