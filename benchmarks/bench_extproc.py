@@ -10,11 +10,10 @@ scrapers). Modes:
 - direct: Envoy round-robins over the endpoints itself, no ext_proc (the latency floor);
 - noop:   ext_proc to benchmarks/noop_extproc.py, a grpc.aio server doing no work (the
           throughput floor of DESIGN.md);
-- noop-grpclib: the same no-op on grpclib (benchmarks/noop_grpclib.py), the floor of the
+- noop-h2: the same no-op on the h2 server (benchmarks/noop_h2.py), the floor of the
           EPP's default gRPC stack;
 - epp:    ext_proc to `epp serve` with the default scheduler, scraping every endpoint at 50 ms;
-- epp-STACK: the same with `--ext-proc-server STACK` (grpcio, grpclib, h2);
-- noop-h2: the no-op answered straight on h2 (benchmarks/noop_h2.py), as the h2 stack does;
+- epp-STACK: the same with `--ext-proc-server STACK` (h2, the default, or grpcio);
 - eppN, epp-STACKN: with `--workers N` (give Envoy N threads, `--envoy-concurrency N`, so
           that it opens N connections for the kernel to spread over the workers).
 """
@@ -333,7 +332,6 @@ def _epp_mode(mode: str) -> tuple[str, str]:
 
 _NOOP_SCRIPTS = {
     "noop": "noop_extproc.py",
-    "noop-grpclib": "noop_grpclib.py",
     "noop-h2": "noop_h2.py",
 }
 
@@ -437,7 +435,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="direct,noop,epp",
-        help="direct, noop, noop-grpclib, epp, epp-grpcio; eppN: `epp serve --workers N`",
+        help="direct, noop, noop-h2, epp, epp-grpcio; eppN: `epp serve --workers N`",
     )
     parser.add_argument(
         "--envoy-concurrency",
@@ -475,7 +473,7 @@ def main() -> None:
                     )
         results = {m: rounds[m] for m in rounds}
         for epp in (m for m in results if m.startswith("epp")):
-            for floor in (m for m in ("noop", "noop-grpclib") if m in results):
+            for floor in (m for m in ("noop", "noop-h2") if m in results):
                 ratios = [e[0] / n[0] for n, e in zip(results[floor], results[epp], strict=True)]
                 print(
                     f"{epp} / {floor} throughput per round: "

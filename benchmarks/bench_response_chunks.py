@@ -1,7 +1,7 @@
 """EPP CPU per ext_proc stream and per streamed response chunk, by gRPC stack.
 
 Run: .venv/bin/python benchmarks/bench_response_chunks.py [--streams 400] [--chunks 1,50]
-         [--servers grpclib,grpcio]
+         [--servers h2,grpcio]
 
 A streamed completion passes through the EPP chunk by chunk (FULL_DUPLEX_STREAMED): each
 chunk is one message in and one out. For each ``--servers`` stack (``epp serve
@@ -72,7 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=400)
     parser.add_argument("--chunks", default="1,50")
-    parser.add_argument("--servers", default="grpclib,grpcio")
+    parser.add_argument("--servers", default="h2,grpcio")
     parser.add_argument("--port", type=int, default=19_755)
     args = parser.parse_args()
     counts = [int(c) for c in args.chunks.split(",")]

@@ -1,7 +1,7 @@
 """How an ext_proc stream ends decides whether the EPP's memory grows: RSS per stream, by ending.
 
 Run: .venv/bin/python benchmarks/bench_stream_end.py [--streams 60000] [--endings clean,envoy,late]
-         [--servers grpclib,grpcio]   (the EPP's --ext-proc-server stacks, each measured)
+         [--servers h2,grpcio]   (the EPP's --ext-proc-server stacks, each measured)
 
 An ``epp serve`` process (a pool of 4 pods, no scraping, plaintext gRPC) gets ``--streams``
 complete ext_proc exchanges (request headers and body, then response headers and body, 8 at a
@@ -110,7 +110,7 @@ def main() -> int:
     parser.add_argument("--endings", default="clean,envoy,late")
     parser.add_argument("--port", type=int, default=19_555)
     parser.add_argument(
-        "--servers", default="grpclib,grpcio", help="the EPP's --ext-proc-server stacks to measure"
+        "--servers", default="h2,grpcio", help="the EPP's --ext-proc-server stacks to measure"
     )
     args = parser.parse_args()
     endings = [e for e in args.endings.split(",") if e]

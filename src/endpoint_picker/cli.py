@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from endpoint_picker import __version__
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.settings import (
+    EXT_PROC_SERVER_ALIASES,
     EXT_PROC_SERVERS,
     GROUP_V1,
     GROUP_V1ALPHA2,
@@ -250,10 +251,11 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--ext-proc-server",
-        choices=EXT_PROC_SERVERS,
+        choices=(*EXT_PROC_SERVERS, *EXT_PROC_SERVER_ALIASES),
         default=d.server.ext_proc_server,
-        help="the ext_proc port's gRPC stack: grpcio (gRPC's C core) or grpclib (pure-Python "
-        "HTTP/2 on the event loop, no thread hop per message)",
+        help="the ext_proc port's gRPC stack: h2 (the EPP's own gRPC server on h2, in the event "
+        "loop: no thread hop per message, the least CPU) or grpcio (gRPC's C core); grpclib, "
+        "the default before, is now served by h2",
     )
     p.add_argument(
         "--max-concurrent-streams",

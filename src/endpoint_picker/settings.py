@@ -13,7 +13,10 @@ from pathlib import Path
 from endpoint_picker.errors import ConfigError
 
 # ServerSettings.ext_proc_server's choices
-EXT_PROC_SERVERS = ("grpcio", "grpclib", "h2")
+EXT_PROC_SERVERS = ("grpcio", "h2")
+# Accepted for ServerSettings.ext_proc_server and served by another stack (a warning says so):
+# grpclib was the default from 2026-11-24 until the h2 server replaced it.
+EXT_PROC_SERVER_ALIASES = {"grpclib": "h2"}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {
     "ns": 1e-9,
@@ -121,10 +124,10 @@ class ServerSettings:
     # It bounds the memory grpcio leaks on every stream Envoy resets (docs/envoy.md, item 6).
     # Any value above 0 runs the parent and workers even with --workers 1.
     worker_max_requests: int = 0
-    # The gRPC stack of the ext_proc port: "grpclib" (pure-Python HTTP/2 on the event loop, no
-    # thread hop per message: less latency and CPU per request, measured in README
-    # "Performance") or "grpcio" (gRPC's C core and its asyncio API). Health-only port: grpcio.
-    ext_proc_server: str = "grpclib"
+    # The gRPC stack of the ext_proc port: "h2" (the EPP's own server on h2, in the event loop:
+    # no thread hop per message, the least CPU per request, measured in README "Performance")
+    # or "grpcio" (gRPC's C core and its asyncio API). Health-only port: grpcio.
+    ext_proc_server: str = "h2"
 
     @property
     def supervised(self) -> bool:

@@ -13,7 +13,7 @@ from endpoint_picker.settings import EXT_PROC_SERVERS, Settings
 
 @pytest.fixture(params=EXT_PROC_SERVERS)
 def ext_proc_server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every ``App`` the test builds serves ext_proc on this stack (grpcio, then grpclib),
+    """Every ``App`` the test builds serves ext_proc on this stack (grpcio, then h2),
     whatever its settings say: the protocol, limits, TLS and drain tests hold for both."""
     kind: str = request.param
     build = App.__init__

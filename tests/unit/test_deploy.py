@@ -134,9 +134,9 @@ def test_deployment_args_parse_into_kubernetes_settings(
     assert settings.pool.pool_name == "vllm-llama3-8b"
     assert settings.pool.kubernetes.namespace == "serving"
     assert settings.server.metrics_endpoint.auth is MetricsAuth.KUBERNETES
-    # one process on grpclib, which needs no worker turnover (grpcio leaked on reset streams)
+    # one process on h2, which needs no worker turnover (grpcio leaked on reset streams)
     assert settings.server.worker_max_requests == 0
-    assert settings.server.ext_proc_server == "grpclib"
+    assert settings.server.ext_proc_server == "h2"
     assert not settings.server.supervised
 
 
@@ -444,9 +444,10 @@ def test_dockerfile_final_stage_is_non_root_and_has_no_build_tools() -> None:
 
 
 def test_the_image_runs_the_python_the_tests_run_on() -> None:
-    """Every stage's base is the interpreter these tests run on: the grpclib drain once hung on
-    Python 3.12 alone (asyncio's server waits there for every connection) while the tests ran
-    on 3.11. Moving the image to another Python means running the tests on it first."""
+    """Every stage's base is the interpreter these tests run on: the drain of the grpclib
+    server (the default before h2) once hung on Python 3.12 alone (asyncio's server waits there
+    for every connection) while the tests ran on 3.11. Moving the image to another Python
+    means running the tests on it first."""
     bases = re.findall(r"^FROM python:(\d+\.\d+)-slim", (ROOT / "Dockerfile").read_text(), re.M)
     assert len(bases) >= 2
     assert set(bases) == {f"{sys.version_info.major}.{sys.version_info.minor}"}

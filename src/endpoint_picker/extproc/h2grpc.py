@@ -49,7 +49,7 @@ from h2.events import (
     StreamReset,
     WindowUpdated,
 )
-from h2.exceptions import ProtocolError, StreamClosedError
+from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 from hyperframe.frame import GoAwayFrame
 
@@ -67,6 +67,12 @@ HEALTH_CHECK_PATH = b"/grpc.health.v1.Health/Check"
 # stream is reset (RFC 9113, 8.1: NO_ERROR, "stop sending"); Envoy ends its side at once.
 CLIENT_REST_SECONDS = 1.0
 _CLOSE_SECONDS = 5.0  # how long stop() waits for cancelled flow-control waits to end
+# How long a connection closed on an error may take to flush before it is aborted (a client
+# that stops reading would otherwise keep its socket and buffers).
+_ABORT_SECONDS = 5.0
+# What a call may hold unread: one message of the largest size and its prefix. Past it (a
+# client sending on while its request waits in flow control) the call is refused.
+_MAX_UNREAD_BYTES = wire.MAX_MESSAGE_BYTES + 5
 _MAX_STREAM_ID = 2**31 - 1
 # Announced receive windows: a 200 KB prompt arrives without waiting for a window update.
 _STREAM_WINDOW = 4 * 1024 * 1024
@@ -155,8 +161,10 @@ class _Connection(asyncio.Protocol):
         self._processor = server.processor
         self._h2 = H2Connection(config=_CONFIG)
         self._calls: dict[int, _Call] = {}
+        self._blocked: set[_Call] = set()  # calls with data waiting for a window
         self._transport: asyncio.Transport | None = None
         self._refused = False
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -164,14 +172,15 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         self._server.connections.add(self)
-        if self._server.stopping:
-            # accepted before the listener closed, its TLS handshake done only now: no streams
-            self._refused = True
-            self.goaway()
-            transport.close()
-            return
         h2 = self._h2
         h2.initiate_connection()
+        if self._server.stopping:
+            # accepted before the listener closed, its TLS handshake done only now: its
+            # SETTINGS, then a GOAWAY saying no stream of it was or will be served
+            self._refused = True
+            self.goaway(last_stream_id=0)
+            transport.close()
+            return
         h2.update_settings(
             {
                 SettingCodes.MAX_CONCURRENT_STREAMS: _MAX_STREAM_ID,
@@ -199,6 +208,8 @@ class _Connection(asyncio.Protocol):
         for call in list(self._calls.values()):
             self._drop(call)
         self._server.connections.discard(self)
+        if not self.lost.done():
+            self.lost.set_result(None)
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -210,8 +221,14 @@ class _Connection(asyncio.Protocol):
                 call.buffer += event.data
                 if call.waiting is None:
                     self._feed(call)
+                elif len(call.buffer) > _MAX_UNREAD_BYTES:
+                    self._finish(
+                        call,
+                        RESOURCE_EXHAUSTED,
+                        f"more than {_MAX_UNREAD_BYTES} bytes sent before an answer",
+                    )
         elif isinstance(event, RequestReceived):
-            self._open(event.stream_id, event.headers)
+            self._open(event.stream_id, event.headers, ended=event.stream_ended is not None)
         elif isinstance(event, StreamEnded):
             call = self._calls.get(event.stream_id)
             if call is not None:
@@ -227,19 +244,18 @@ class _Connection(asyncio.Protocol):
         elif isinstance(event, WindowUpdated):
             if event.stream_id:
                 call = self._calls.get(event.stream_id)
-                if call is not None:
+                if call is not None and call in self._blocked:
                     self._send_outbox(call)
             else:
-                for call in list(self._calls.values()):
-                    self._send_outbox(call)
+                self._unblock()
         elif isinstance(event, RemoteSettingsChanged):
             if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
-                for call in list(self._calls.values()):
-                    self._send_outbox(call)
+                self._unblock()
         elif isinstance(event, ConnectionTerminated):
+            # The client's GOAWAY: h2 sends nothing after it, so what is open here ends now.
             self.close()
 
-    def _open(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]]) -> None:
+    def _open(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], *, ended: bool) -> None:
         path = content_type = b""
         for name, value in headers:
             if name == b":path":
@@ -248,7 +264,7 @@ class _Connection(asyncio.Protocol):
                 content_type = value
         if not content_type.startswith(b"application/grpc"):
             # not gRPC at all: a plain HTTP answer, as gRPC servers give
-            self._h2.send_headers(stream_id, ((b":status", b"415"),), end_stream=True)
+            self._refuse(stream_id, ((b":status", b"415"),), ended)
             return
         if path == PROCESS_PATH:
             call = _Call(stream_id, False, self._processor.open_stream())
@@ -256,13 +272,18 @@ class _Connection(asyncio.Protocol):
             call = _Call(stream_id, True, None)
         else:
             method = path.decode("utf-8", "replace")
-            self._h2.send_headers(
-                stream_id,
-                (*_RESPONSE_HEADERS, *_status_headers(UNIMPLEMENTED, f"unknown method {method}")),
-                end_stream=True,
-            )
+            status = _status_headers(UNIMPLEMENTED, f"unknown method {method}")
+            self._refuse(stream_id, (*_RESPONSE_HEADERS, *status), ended)
             return
         self._calls[stream_id] = call
+
+    def _refuse(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], ended: bool) -> None:
+        """Answer a stream that is no call at once, in one HEADERS frame, and ask the client
+        to stop sending on it (RFC 9113, 8.1) unless it already has."""
+        with contextlib.suppress(ProtocolError):  # the client reset it in the same frames
+            self._h2.send_headers(stream_id, headers, end_stream=True)
+            if not ended:
+                self._h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
 
     def _feed(self, call: _Call) -> None:
         """Answer every complete message received, in order, until the call waits in flow
@@ -371,7 +392,7 @@ class _Connection(asyncio.Protocol):
             for message in messages:
                 call.outbox.append(memoryview(_frame(message.SerializeToString())))
             self._send_outbox(call)
-        except StreamClosedError:
+        except ProtocolError:  # the client reset the stream in the frames just read
             self._drop(call)
 
     def _finish(self, call: _Call, code: int, message: str = "") -> None:
@@ -405,6 +426,7 @@ class _Connection(asyncio.Protocol):
                 data = outbox[0]
                 size = min(h2.local_flow_control_window(stream_id), h2.max_outbound_frame_size)
                 if size <= 0:
+                    self._blocked.add(call)
                     return
                 if len(data) <= size:
                     h2.send_data(stream_id, data)
@@ -412,16 +434,22 @@ class _Connection(asyncio.Protocol):
                 else:
                     h2.send_data(stream_id, data[:size])
                     outbox[0] = data[size:]
+            self._blocked.discard(call)
             if call.trailers is None or not (call.ended or call.rest_timer is None):
                 return  # no status yet, or held for the client's end
             h2.send_headers(stream_id, call.trailers, end_stream=True)
             call.trailers = None
             if not call.ended:  # its rest is over: ask the client to stop sending
                 h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
-        except StreamClosedError:
+        except ProtocolError:  # the client reset the stream in the frames just read
             self._drop(call)
             return
         self._forget(call)
+
+    def _unblock(self) -> None:
+        """A window opened for the whole connection: send what waited for one."""
+        for call in list(self._blocked):
+            self._send_outbox(call)
 
     def _rest_over(self, call: _Call) -> None:
         call.rest_timer = None
@@ -438,17 +466,29 @@ class _Connection(asyncio.Protocol):
 
     def _end_session(self, call: _Call) -> None:
         session, call.session = call.session, None
-        if session is not None:
+        waiting, call.waiting = call.waiting, None
+        if waiting is not None and waiting is not asyncio.current_task():
+            # Cancel the wait first, close the session once it has ended: a request that flow
+            # control admitted in this same turn is routed as the wait ends, and only the
+            # close after that finishes it (its in-flight count).
+            waiting.cancel()
+            cancelled = self._server.cancelled
+            cancelled.add(waiting)
+            processor = self._processor
+
+            def closed(task: asyncio.Task[None]) -> None:
+                cancelled.discard(task)
+                if session is not None:
+                    processor.close_stream(session)
+
+            waiting.add_done_callback(closed)
+        elif session is not None:
             self._processor.close_stream(session)
-        if call.waiting is not None and call.waiting is not asyncio.current_task():
-            call.waiting.cancel()  # leaves the flow-control queue
-            self._server.cancelled.add(call.waiting)
-            call.waiting.add_done_callback(self._server.cancelled.discard)
-            call.waiting = None
 
     def _forget(self, call: _Call) -> None:
         if self._calls.get(call.stream_id) is call:
             del self._calls[call.stream_id]
+        self._blocked.discard(call)
         if call.rest_timer is not None:
             call.rest_timer.cancel()
             call.rest_timer = None
@@ -465,33 +505,43 @@ class _Connection(asyncio.Protocol):
 
     @property
     def busy(self) -> bool:
-        """Whether a call is still being answered."""
-        return any(not call.answered or call.outbox for call in self._calls.values())
+        """Whether a call is still being answered (its status included)."""
+        return any(
+            not call.answered or call.outbox or call.trailers is not None
+            for call in self._calls.values()
+        )
 
-    def goaway(self) -> None:
-        """HTTP/2's graceful shutdown: no new streams, the open ones go on (RFC 9113, 6.8)."""
+    def goaway(self, last_stream_id: int = _MAX_STREAM_ID) -> None:
+        """HTTP/2's graceful shutdown: no new streams, the open ones (up to
+        ``last_stream_id``) go on (RFC 9113, 6.8)."""
         if self._transport is None or self._transport.is_closing():
             return
         frame = GoAwayFrame(0)
-        frame.last_stream_id = _MAX_STREAM_ID
+        frame.last_stream_id = last_stream_id
         frame.error_code = 0
         self._flush()  # what h2 has queued goes first
         self._transport.write(frame.serialize())
 
     def cancel(self) -> None:
-        """Past the grace: reset what is still open and close the connection."""
-        for call in list(self._calls.values()):
-            if not call.answered:
-                with contextlib.suppress(StreamClosedError, ProtocolError):
-                    self._h2.reset_stream(call.stream_id, ErrorCodes.CANCEL)
-            self._drop(call)
-        with contextlib.suppress(ProtocolError):
-            self._flush()
+        """Past the grace: close the connection, which ends every call still open on it (the
+        client sees them reset); their sessions end now. What the client has not read is
+        dropped."""
+        transport = self._transport
         self.close()
+        if transport is not None and transport.get_write_buffer_size():
+            transport.abort()
 
     def close(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.close()
+        """End every call now and close, aborting if the client does not read what is left
+        within ``_ABORT_SECONDS``."""
+        for call in list(self._calls.values()):
+            self._drop(call)
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        transport.close()
+        if transport.get_write_buffer_size():
+            asyncio.get_running_loop().call_later(_ABORT_SECONDS, transport.abort)
 
 
 class H2GrpcServer:
@@ -550,6 +600,9 @@ class H2GrpcServer:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
             connection.cancel()
+        lost = [connection.lost for connection in self.connections]
+        if lost:  # each socket closes on the loop's next turn
+            await asyncio.wait(lost, timeout=_CLOSE_SECONDS)
         if self.cancelled:
             _, pending = await asyncio.wait(self.cancelled, timeout=_CLOSE_SECONDS)
             if pending:

@@ -14,9 +14,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from endpoint_picker.errors import ConfigError, ErrorCode
 from endpoint_picker.extproc import responses, wire
 from endpoint_picker.extproc.h2grpc import H2GrpcServer
-from endpoint_picker.extproc.h2server import H2ExtProcServer, server_ssl_context
 from endpoint_picker.extproc.limits import StreamSlots
 from endpoint_picker.extproc.stream import RequestStream
+from endpoint_picker.extproc.tls import server_ssl_context
+from endpoint_picker.settings import EXT_PROC_SERVER_ALIASES
 from endpoint_picker.telemetry.metrics import EppMetrics
 from endpoint_picker.types import format_hostport
 
@@ -98,7 +99,7 @@ class HealthState:
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
         self._ready = False
-        # the same statuses for the grpclib ext_proc server, which has no health servicer
+        # the same statuses for the h2 ext_proc server, which answers Check itself
         self._statuses: dict[str, int] = {}
 
     async def start(self) -> None:
@@ -157,7 +158,7 @@ async def start_ext_proc_server(
     *,
     reuse_port: bool = False,
 ) -> tuple[ExtProcServer, int]:
-    """The ext_proc server (health served there too) on ``stack`` ("grpclib" or "grpcio"),
+    """The ext_proc server (health served there too) on ``stack`` ("h2" or "grpcio"),
     listening; returns it with its bound port. ``ConfigError`` when the address cannot be bound.
 
     ``tls`` is (key, certificate chain) in PEM; ``client_ca`` (PEM, needs ``tls``) turns on
@@ -165,18 +166,16 @@ async def start_ext_proc_server(
     ``reuse_port``: SO_REUSEPORT, for the workers of one parent (``epp serve --workers``).
     """
     address = format_hostport(host, port)
+    if stack in EXT_PROC_SERVER_ALIASES:
+        log.warning(
+            "this ext_proc server stack is no longer shipped; serving with its replacement",
+            ext_proc_server=stack,
+            serving=EXT_PROC_SERVER_ALIASES[stack],
+        )
+        stack = EXT_PROC_SERVER_ALIASES[stack]
     if stack == "h2":
         context = server_ssl_context(tls, client_ca) if tls is not None else None
-        lean = H2GrpcServer(processor, health_state, host, port, context, reuse_port=reuse_port)
-        try:
-            await lean.start()
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {address}: {exc.strerror}") from exc
-        return lean, lean.port
-    if stack == "grpclib":
-        h2 = H2ExtProcServer(
-            processor, health_state, host, port, tls, client_ca, reuse_port=reuse_port
-        )
+        h2 = H2GrpcServer(processor, health_state, host, port, context, reuse_port=reuse_port)
         try:
             await h2.start()
         except OSError as exc:

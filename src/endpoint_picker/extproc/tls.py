@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import os
+import ssl
+import tempfile
 from pathlib import Path
 
 from cryptography import x509
@@ -62,3 +65,24 @@ def self_signed_certificate(hostnames: tuple[str, ...] = ("localhost",)) -> tupl
         serialization.NoEncryption(),
     )
     return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+
+def server_ssl_context(tls: tuple[bytes, bytes], client_ca: bytes | None) -> ssl.SSLContext:
+    """A TLS server context from PEM (key, certificate chain), requiring a client certificate
+    signed by ``client_ca`` when given; ALPN offers HTTP/2 only, as gRPC needs."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    key, chain = tls
+    # The ssl module loads a key and chain from files only: a private temporary folder, gone
+    # once loaded.
+    with tempfile.TemporaryDirectory(prefix="epp-tls-") as folder:
+        key_path, chain_path = os.path.join(folder, "tls.key"), os.path.join(folder, "tls.crt")
+        with open(key_path, "wb") as f:
+            f.write(key)
+        with open(chain_path, "wb") as f:
+            f.write(chain)
+        context.load_cert_chain(chain_path, key_path)
+    if client_ca is not None:
+        context.load_verify_locations(cadata=client_ca.decode("ascii"))
+        context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["h2"])
+    return context
