@@ -5,13 +5,14 @@ connection on stop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import h2.config
@@ -137,7 +138,7 @@ class OneAnswer:
 
 
 async def serving(
-    servicer: OneAnswer, tls: tuple[bytes, bytes] | None = None
+    servicer: NewStreams, tls: tuple[bytes, bytes] | None = None
 ) -> tuple[H2GrpcServer, HealthState]:
     health = HealthState()
     await health.start()
@@ -322,12 +323,30 @@ def trailers(client: RawClient, stream_id: int) -> dict[bytes, bytes]:
     return {}
 
 
-async def raw_client(port: int, settings: dict[SettingCodes, int] | None = None) -> RawClient:
+async def raw_client(port: int, settings: dict[SettingCodes | int, int] | None = None) -> RawClient:
     client = RawClient(*await asyncio.open_connection("127.0.0.1", port))
     if settings:
         client.h2.update_settings(settings)
         client.writer.write(client.h2.data_to_send())
     return client
+
+
+class NewStreams(Protocol):
+    def new_stream(self) -> Any: ...
+
+
+@contextlib.asynccontextmanager
+async def raw_session(
+    servicer: NewStreams, settings: dict[SettingCodes | int, int] | None = None
+) -> AsyncIterator[tuple[H2GrpcServer, RawClient]]:
+    """A server answering with ``servicer``'s streams and a raw client connected to it."""
+    server, _ = await serving(servicer)
+    try:
+        client = await raw_client(server.port, settings)
+        yield server, client
+        client.writer.close()
+    finally:
+        await server.stop(0)
 
 
 async def test_an_answer_larger_than_the_clients_window_waits_for_it_then_the_status() -> None:
@@ -343,9 +362,10 @@ async def test_an_answer_larger_than_the_clients_window_waits_for_it_then_the_st
         )
     )
     servicer = OneAnswer(answer)
-    server, _ = await serving(servicer)
-    try:
-        client = await raw_client(server.port, {SettingCodes.INITIAL_WINDOW_SIZE: 16384})
+    async with raw_session(servicer, {SettingCodes.INITIAL_WINDOW_SIZE: 16384}) as (
+        _server,
+        client,
+    ):
         client.open_stream(1, PROCESS_PATH.decode(), headers().SerializeToString(), end=False)
         client.h2.send_data(1, b"\0" + struct.pack(">I", 0), end_stream=True)  # a 2nd message
         client.writer.write(client.h2.data_to_send())
@@ -354,9 +374,6 @@ async def test_an_answer_larger_than_the_clients_window_waits_for_it_then_the_st
         assert [pb.ProcessingResponse.FromString(m) for m in messages] == [answer, answer]
         assert trailers(client, 1)[b"grpc-status"] == b"0"
         assert (servicer.read, servicer.finished) == (2, 1)
-        client.writer.close()
-    finally:
-        await server.stop(0)
 
 
 async def test_a_client_that_stops_reading_holds_only_its_own_stream() -> None:
@@ -372,9 +389,7 @@ async def test_a_client_that_stops_reading_holds_only_its_own_stream() -> None:
         )
     )
     servicer = OneAnswer(big)
-    server, _ = await serving(servicer)
-    try:
-        client = await raw_client(server.port)
+    async with raw_session(servicer) as (_server, client):
         client.open_stream(1, PROCESS_PATH.decode(), headers().SerializeToString(), end=False)
         await client.read_until(lambda: len(client.data(1)) >= 65535, acknowledge=False)
         assert len(client.data(1)) == 65535  # the default window, then nothing
@@ -394,16 +409,11 @@ async def test_a_client_that_stops_reading_holds_only_its_own_stream() -> None:
                 break
             await asyncio.sleep(0.01)
         assert servicer.finished == 2
-        client.writer.close()
-    finally:
-        await server.stop(0)
 
 
 async def test_messages_split_over_frames_and_packed_into_one_are_each_answered() -> None:
     servicer = OneAnswer()
-    server, _ = await serving(servicer)
-    try:
-        client = await raw_client(server.port)
+    async with raw_session(servicer) as (_server, client):
         one = headers().SerializeToString()
         framed = b"\0" + struct.pack(">I", len(one)) + one
         client.h2.send_headers(
@@ -421,18 +431,13 @@ async def test_messages_split_over_frames_and_packed_into_one_are_each_answered(
         assert len(grpc_messages(client.data(1))) == 4
         assert trailers(client, 1)[b"grpc-status"] == b"0"
         assert (servicer.read, servicer.finished) == (4, 1)
-        client.writer.close()
-    finally:
-        await server.stop(0)
 
 
 async def test_what_is_not_a_served_grpc_call_gets_a_clear_answer() -> None:
     """Not gRPC: HTTP 415. Another method: UNIMPLEMENTED. A compressed message: UNIMPLEMENTED.
     A message that is not a ProcessingRequest: INTERNAL. No session is left open."""
     servicer = OneAnswer()
-    server, _ = await serving(servicer)
-    try:
-        client = await raw_client(server.port)
+    async with raw_session(servicer) as (_server, client):
         client.h2.send_headers(
             1,
             [(":method", "POST"), (":scheme", "http"), (":path", PROCESS_PATH.decode()),
@@ -463,16 +468,11 @@ async def test_what_is_not_a_served_grpc_call_gets_a_clear_answer() -> None:
             for e in client.events
         )
         assert servicer.finished == 2  # streams 5 and 7 had sessions; both closed
-        client.writer.close()
-    finally:
-        await server.stop(0)
 
 
 async def test_a_client_breaking_the_protocol_loses_its_connection_and_nothing_else() -> None:
     servicer = OneAnswer()
-    server, _ = await serving(servicer)
-    try:
-        client = await raw_client(server.port)
+    async with raw_session(servicer) as (server, client):
         client.open_stream(1, PROCESS_PATH.decode(), headers().SerializeToString(), end=False)
         await client.read_until(lambda: bool(client.data(1)))
         client.writer.write(b"\x00\x00\x04\x09\x00\x00\x00\x00\x01garb")  # CONTINUATION
@@ -485,9 +485,6 @@ async def test_a_client_breaking_the_protocol_loses_its_connection_and_nothing_e
         await other.read_until(lambda: other.ended(1))
         assert trailers(other, 1)[b"grpc-status"] == b"0"
         other.writer.close()
-        client.writer.close()
-    finally:
-        await server.stop(0)
 
 
 class WaitsInFlowControl:
@@ -526,21 +523,11 @@ class WaitsInFlowControl:
         return Stream()
 
 
-async def waiting_server(servicer: WaitsInFlowControl) -> H2GrpcServer:
-    health = HealthState()
-    await health.start()
-    server = H2GrpcServer(ExternalProcessor(servicer.new_stream), health, "127.0.0.1", 0)
-    await server.start()
-    return server
-
-
 async def test_a_reset_while_waiting_closes_the_stream_only_after_the_wait_has_ended() -> None:
     """``RequestStream.resume`` routes a request that flow control admitted in the same turn
     as the cancellation, and only the close after that finishes it (its in-flight count)."""
     servicer = WaitsInFlowControl()
-    server = await waiting_server(servicer)
-    try:
-        client = await raw_client(server.port)
+    async with raw_session(servicer) as (server, client):
         client.open_stream(1, PROCESS_PATH.decode(), headers().SerializeToString(), end=False)
         await asyncio.sleep(0.1)
         client.h2.reset_stream(1)
@@ -551,9 +538,6 @@ async def test_a_reset_while_waiting_closes_the_stream_only_after_the_wait_has_e
             await asyncio.sleep(0.01)
         assert servicer.log == ["wait ended", "closed"]
         assert not server.cancelled
-        client.writer.close()
-    finally:
-        await server.stop(0)
 
 
 async def test_a_client_sending_on_while_its_request_waits_is_refused_past_the_limit(
@@ -561,9 +545,7 @@ async def test_a_client_sending_on_while_its_request_waits_is_refused_past_the_l
 ) -> None:
     monkeypatch.setattr(h2grpc, "_MAX_UNREAD_BYTES", 10_000)
     servicer = WaitsInFlowControl()
-    server = await waiting_server(servicer)
-    try:
-        client = await raw_client(server.port)
+    async with raw_session(servicer) as (_server, client):
         client.open_stream(1, PROCESS_PATH.decode(), headers().SerializeToString(), end=False)
         for _ in range(4):  # 4 x 4 KB while the first message waits
             client.h2.send_data(1, b"\0" + struct.pack(">I", 5000) + b"x" * 4000)
@@ -571,9 +553,6 @@ async def test_a_client_sending_on_while_its_request_waits_is_refused_past_the_l
         await client.read_until(lambda: bool(trailers(client, 1)))
         assert trailers(client, 1)[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
         assert servicer.log[-1:] == ["closed"]  # the wait (if it had begun) ended first
-        client.writer.close()
-    finally:
-        await server.stop(0)
 
 
 async def test_the_drain_waits_for_a_status_held_for_the_clients_half_close() -> None:
