@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python benchmarks/bench_stream_end.py [--streams 60000] [--endings clean,envoy,late]
          [--servers h2,grpcio]   (the EPP's --ext-proc-server stacks, each measured)
+         [--progress N]          (the RSS every N streams)
 
 An ``epp serve`` process (a pool of 4 pods, no scraping, plaintext gRPC) gets ``--streams``
 complete ext_proc exchanges (request headers and body, then response headers and body, 8 at a
@@ -76,7 +77,9 @@ async def one_stream(stub: pb_grpc.ExternalProcessorStub, i: int, ending: str) -
         call.cancel()
 
 
-async def measure(ending: str, streams: int, folder: Path, port: int, server: str) -> float:
+async def measure(
+    ending: str, streams: int, folder: Path, port: int, server: str, progress: int = 0
+) -> float:
     """Bytes of RSS growth per stream after the warm-up, on a fresh EPP."""
     async with (
         lone_epp(folder, port, server, criticality="Critical") as process,
@@ -101,6 +104,8 @@ async def measure(ending: str, streams: int, folder: Path, port: int, server: st
             await asyncio.sleep(0.3)
             if done == WARMUP:
                 base = rss_mib(process.pid)
+            if progress and done % progress == 0:
+                print(f"  {done:7d} streams: RSS {rss_mib(process.pid):.1f} MiB", flush=True)
         return (rss_mib(process.pid) - base) * 1024 * 1024 / (done - WARMUP)
 
 
@@ -112,6 +117,9 @@ def main() -> int:
     parser.add_argument(
         "--servers", default="h2,grpcio", help="the EPP's --ext-proc-server stacks to measure"
     )
+    parser.add_argument(
+        "--progress", type=int, default=0, metavar="N", help="print the RSS every N streams"
+    )
     args = parser.parse_args()
     endings = [e for e in args.endings.split(",") if e]
     if unknown := [e for e in endings if e not in ENDINGS]:
@@ -122,7 +130,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         for server in args.servers.split(","):
             for ending in endings:
-                growth = asyncio.run(measure(ending, args.streams, Path(folder), args.port, server))
+                growth = asyncio.run(
+                    measure(ending, args.streams, Path(folder), args.port, server, args.progress)
+                )
                 print(f"{server:7} {ending:6} {growth:6.0f} bytes of RSS per stream", flush=True)
     return 0
 
