@@ -6,16 +6,18 @@ that waits in flow control. So this server needs no general gRPC framework: it r
 machine in the event loop's ``data_received``, decodes each length-prefixed message as its
 last byte arrives and answers in the same call, without a task, a queue or a wake-up per
 message; a task exists only while a request waits in flow control. Measured through Envoy
-(README, "Performance"), it needs less than half of grpclib's CPU for the no-op answers.
+(README, "Performance"): the EPP needs 40% less CPU a request than on grpclib, the stack before
+this one, and half of what it needs on grpcio.
 
-What the grpclib server does, it does: ``Process`` and ``grpc.health.v1.Health/Check`` (from
+What it serves, as the grpcio server does: ``Process`` and ``grpc.health.v1.Health/Check`` (from
 ``HealthState``; any other method is UNIMPLEMENTED), TLS and mutual TLS through an
 ``ssl.SSLContext`` with ALPN ``h2``, any number of streams per connection (``--max-concurrent-
 streams`` caps them with a JSON 429 instead), a message past ``wire.MAX_MESSAGE_BYTES`` refused
 with RESOURCE_EXHAUSTED before it is buffered, SO_REUSEPORT for ``--workers``, and the drain of
 ``stop(grace)``: the listener closes, each connection gets a GOAWAY naming the largest stream id
 (RFC 9113, 6.8: the open streams go on, no new ones; written beside h2, whose state machine
-refuses every frame after a GOAWAY of its own), open calls get ``grace``, the rest are reset.
+refuses every frame after a GOAWAY of its own), open calls get ``grace``, then the connections
+close.
 
 Flow control: what arrives is acknowledged at once (a call's unread bytes are bounded by the
 message limit), and a window large enough for a long prompt is announced up front; what is
@@ -63,8 +65,9 @@ log = structlog.get_logger(__name__)
 
 PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 HEALTH_CHECK_PATH = b"/grpc.health.v1.Health/Check"
-# How long a call whose answer is complete waits for the client to end its side before the
-# stream is reset (RFC 9113, 8.1: NO_ERROR, "stop sending"); Envoy ends its side at once.
+# How long a call whose answer is complete holds its status for the client to end its side;
+# then the status goes and the stream is reset (RFC 9113, 8.1: NO_ERROR, "stop sending").
+# Envoy ends its side at once.
 CLIENT_REST_SECONDS = 1.0
 _CLOSE_SECONDS = 5.0  # how long stop() waits for cancelled flow-control waits to end
 # How long a connection closed on an error may take to flush before it is aborted (a client
@@ -90,7 +93,6 @@ _CONFIG = H2Configuration(
     normalize_outbound_headers=False,
 )
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
-_OK_TRAILERS = ((b"grpc-status", b"0"),)
 
 
 def _frame(message: bytes) -> bytes:
