@@ -23,6 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from h2.settings import SettingCodes
+from structlog.testing import capture_logs
 from tests.support.extproc import (
     body,
     error_of,
@@ -574,3 +575,17 @@ async def test_the_drain_waits_for_a_status_held_for_the_clients_half_close() ->
         took = await within(5.0, lambda: server.stop(5.0))
         assert await call.code() == grpc.StatusCode.OK
     assert took < CLIENT_REST_SECONDS + 1.0
+
+
+async def test_the_retired_grpclib_stack_is_served_by_h2_with_a_warning(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, POOL)
+    settings = replace(settings, server=replace(settings.server, ext_proc_server="grpclib"))
+    with capture_logs() as logs:
+        async with running_app(settings) as (app, client):
+            assert isinstance(app._ext_server, H2GrpcServer)
+            out = await client.exchange([headers(), body(json_body({"model": "m", "prompt": "x"}))])
+            assert lb_metadata(out[0]) == "127.0.0.2:8000"
+    warned = [e for e in logs if e.get("ext_proc_server") == "grpclib"]
+    assert warned
+    assert warned[0]["log_level"] == "warning"
+    assert warned[0]["serving"] == "h2"
