@@ -391,8 +391,9 @@ class _Connection(asyncio.Protocol):
             if not call.headers_sent:
                 self._h2.send_headers(call.stream_id, _RESPONSE_HEADERS)
                 call.headers_sent = True
-            for message in messages:
-                call.outbox.append(memoryview(_frame(message.SerializeToString())))
+            # one DATA frame for the answer's messages (a routing answer has two), not one each
+            framed = b"".join(_frame(message.SerializeToString()) for message in messages)
+            call.outbox.append(memoryview(framed))
             self._send_outbox(call)
         except ProtocolError:  # the client reset the stream in the frames just read
             self._drop(call)
