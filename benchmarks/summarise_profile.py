@@ -2,9 +2,9 @@
 
 Run: .venv/bin/python benchmarks/summarise_profile.py PROFILE.txt [--requests N] [--top 15]
 
-Each sample goes to the part of the innermost frame that is ours (the gRPC servicer loops in
-extproc/server.py and extproc/h2server.py count as gRPC: their own samples are the receive and
-send calls):
+Each sample goes to the part of the innermost frame that is ours (the gRPC servers,
+extproc/server.py's servicer loop and extproc/h2grpc.py, count as gRPC: their own samples are
+the receive and send calls):
 - request path: extproc (but the servicer loop), director, scheduling, flow control, requests;
 - scraping:     endpoint_picker.metrics (the model servers' /metrics);
 - telemetry:    endpoint_picker.telemetry and prometheus_client (the EPP's own metrics, logs);
@@ -34,7 +34,7 @@ def part_of(frame: str) -> str | None:
     if "endpoint_picker/" not in path:
         return None
     module = path.split("endpoint_picker/", 1)[1]
-    if module in ("extproc/server.py", "extproc/h2server.py"):  # the servicer loops
+    if module in ("extproc/server.py", "extproc/h2grpc.py"):  # the gRPC servers' own code
         return None
     if module.startswith("metrics/"):
         return "scraping"
@@ -77,7 +77,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy's samples per second")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
-    parts, hot = summarise(args.profile.read_text().splitlines())
+    # split on newlines only: a frame name may hold a character splitlines() breaks on
+    parts, hot = summarise(args.profile.read_text().split("\n"))
     total = sum(parts.values())
     for part in PARTS:
         share = parts[part] / total if total else 0.0
