@@ -15,7 +15,7 @@ from endpoint_picker.errors import ConfigError
 # ServerSettings.ext_proc_server's choices
 EXT_PROC_SERVERS = ("grpcio", "h2")
 # Accepted for ServerSettings.ext_proc_server and served by another stack (a warning says so):
-# grpclib was the default from 2026-11-24 until the h2 server replaced it.
+# grpclib was the default for part of 2026-11-26, until the h2 server replaced it.
 EXT_PROC_SERVER_ALIASES = {"grpclib": "h2"}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {
