@@ -365,7 +365,7 @@ class _Connection(asyncio.Protocol):
                 self._finish(call, OK)
         call.waiting = None
         self._feed(call)  # what arrived meanwhile
-        if call.ended and call.stream_id in self._calls and not call.answered:
+        if call.ended and not call.answered:  # a dropped call is answered too
             self._end(call)
         self._flush()
 
