@@ -127,6 +127,31 @@ async def test_keep_alive_one_connection_for_many_gets(servers: Any, client_for:
     assert client.connected
 
 
+async def test_interleaved_large_pages_keep_apart(raw_servers: Any, client_for: Any) -> None:
+    """Every connection reads into one shared buffer: pages arriving piece by piece on four
+    connections at once, each larger than that buffer, still come out whole and each its own."""
+    bodies = [bytes([65 + i]) * 300_000 + b"%d" % i for i in range(4)]
+
+    def dribbling(body: bytes) -> Serve:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+            while True:
+                await read_request(reader)
+                data = response(body)
+                for at in range(0, len(data), 8192):  # small writes, yielding between them
+                    writer.write(data[at : at + 8192])
+                    await writer.drain()
+                    await asyncio.sleep(0)
+
+        return serve
+
+    started = [
+        await raw_servers(f"127.0.0.{50 + i}", dribbling(body)) for i, body in enumerate(bodies)
+    ]
+    clients = [client_for(server.host, server.port) for server in started]
+    for _ in range(3):
+        assert await asyncio.gather(*(client.get() for client in clients)) == bodies
+
+
 async def test_request_asks_for_plain_kept_alive_text(servers: Any, client_for: Any) -> None:
     """The request names the host, asks for keep-alive and no compression."""
     server = await servers("127.0.0.42", b"x")
