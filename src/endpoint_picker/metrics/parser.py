@@ -7,6 +7,13 @@ that the name ends there, which skips ``name_bucket`` and the ``# HELP``/``# TYP
 its own lines are decoded. The exposition format keeps a family's samples in one group, so reading
 stops at the first line that belongs to another family.
 
+A server writes its page in the same order every time, so a family starts near where it
+started on the previous page. ``hints`` (one dict per endpoint, kept by the caller) remembers
+each family's offset, and the next parse looks within ``_HINT_WINDOW`` bytes of it first: a hit
+is taken only where the line before belongs to no sample of the family (so it is the group's
+first line), otherwise the whole page is searched. On vLLM's page the LoRA and cache-config
+families come last, and two full searches for them were most of a parse.
+
 Aggregation across series (data-parallel ranks differ by an ``engine`` label; any other labels,
 in any order, are ignored unless a spec matches on them): queues and running requests are
 summed, KV usage is averaged, the LoRA series with the largest value (a timestamp) wins, cache
@@ -27,6 +34,7 @@ from endpoint_picker.metrics.engines import EngineMetricNames, MetricSpec, Specs
 from endpoint_picker.types import MetricsSnapshot
 
 _BOUNDARY = frozenset(b"{ \t")
+_HINT_WINDOW = 2048  # bytes either side of a family's previous offset
 _MAX_FLOAT = sys.float_info.max
 # One label pair; values may hold escaped quotes, commas and braces.
 _LABEL = re.compile(rb'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -41,14 +49,21 @@ class MetricsParseError(EppError):
     """A payload lacks a required metric or is not Prometheus text."""
 
 
-def parse_metrics(text: bytes, names: EngineMetricNames, now: float) -> MetricsSnapshot:
+Hints = dict[bytes, int]  # a family's needle -> where its first sample line was last time
+
+
+def parse_metrics(
+    text: bytes, names: EngineMetricNames, now: float, hints: Hints | None = None
+) -> MetricsSnapshot:
     """Read the snapshot ``names`` describes out of ``text``, stamped ``now``.
 
+    ``hints``, when given, is read and updated: pass the same dict for every page of one
+    server (the result is the same with or without it, on any well-formed page).
     Raises ``MetricsParseError`` when a configured required metric (``queue``, ``kv_usage``) is
     absent, so that a wrong page never replaces a good snapshot with zeros.
     """
-    queue = _first_present(text, names.queue)
-    kv_usage = _first_present(text, names.kv_usage)
+    queue = _first_present(text, names.queue, hints)
+    kv_usage = _first_present(text, names.kv_usage, hints)
     missing = [
         " or ".join(map(str, specs))
         for specs, samples in ((names.queue, queue), (names.kv_usage, kv_usage))
@@ -57,11 +72,11 @@ def parse_metrics(text: bytes, names: EngineMetricNames, now: float) -> MetricsS
     if missing:
         raise MetricsParseError(f"missing metrics: {'; '.join(missing)}")
 
-    running = _first_present(text, names.running)
+    running = _first_present(text, names.running, hints)
     kv_values = [value for _, value in kv_usage or ()]
-    active, waiting, max_lora = _lora(_first_present(text, names.lora_info))
+    active, waiting, max_lora = _lora(_first_present(text, names.lora_info, hints))
     base_models = _label_values(queue, names.model_label) if names.model_label else frozenset()
-    block_size, num_blocks = _cache_geometry(text, names)
+    block_size, num_blocks = _cache_geometry(text, names, hints)
     return MetricsSnapshot(
         waiting_queue_size=_count(queue),
         running_requests=_count(running),
@@ -85,19 +100,26 @@ def _clamp(value: float) -> float:
     return max(0.0, min(value, _MAX_FLOAT))
 
 
-def _first_present(text: bytes, specs: Specs) -> list[Sample] | None:
+def _first_present(text: bytes, specs: Specs, hints: Hints | None) -> list[Sample] | None:
     """The finite samples of the first spec whose family is in ``text``; ``None`` if none is."""
     for spec in specs:
-        samples = _samples(text, spec)
+        samples = _samples(text, spec, hints)
         if samples is not None:
             return samples
     return None
 
 
-def _samples(text: bytes, spec: MetricSpec) -> list[Sample] | None:
+def _samples(text: bytes, spec: MetricSpec, hints: Hints | None) -> list[Sample] | None:
     needle = spec.needle
     size = len(needle)
-    start = _family_start(text, needle)
+    start = _hinted_start(text, needle, hints) if hints is not None else -1
+    if start < 0:
+        start = _family_start(text, needle)
+        if hints is not None:
+            if start >= 0:
+                hints[needle] = start
+            else:
+                hints.pop(needle, None)
     if start < 0:
         return None
     samples: list[Sample] = []
@@ -114,6 +136,26 @@ def _samples(text: bytes, spec: MetricSpec) -> list[Sample] | None:
 
 
 _NEXT = (b"{", b" ", b"\t")
+
+
+def _hinted_start(text: bytes, needle: bytes, hints: Hints) -> int:
+    """The family's first sample line if it is within the window of its hint, else -1."""
+    hint = hints.get(needle)
+    if hint is None:
+        return -1
+    size = len(needle)
+    newline_needle = b"\n" + needle
+    pos = text.find(newline_needle, max(0, hint - _HINT_WINDOW - 1), hint + _HINT_WINDOW + size)
+    while pos >= 0:
+        start, after = pos + 1, pos + 1 + size
+        if after < len(text) and text[after] in _BOUNDARY:
+            previous = text.rfind(b"\n", 0, pos) + 1  # the line before: not of this family
+            if not (text.startswith(needle, previous) and text[previous + size] in _BOUNDARY):
+                hints[needle] = start
+                return start
+            return -1  # inside the group: its start is further back
+        pos = text.find(newline_needle, after, hint + _HINT_WINDOW + size)
+    return -1
 
 
 def _family_start(text: bytes, needle: bytes) -> int:
@@ -199,17 +241,19 @@ def _adapters(listing: str) -> frozenset[str]:
     return frozenset(name for part in listing.split(",") if (name := part.strip()))
 
 
-def _cache_geometry(text: bytes, names: EngineMetricNames) -> tuple[int | None, int | None]:
+def _cache_geometry(
+    text: bytes, names: EngineMetricNames, hints: Hints | None
+) -> tuple[int | None, int | None]:
     block_size = num_blocks = None
-    info = _first_present(text, names.cache_info)
+    info = _first_present(text, names.cache_info, hints)
     if info:
         labels = parse_labels(info[0][0])
         block_size = _int(labels.get(names.cache_block_size_label))
         num_blocks = _int(labels.get(names.cache_num_blocks_label))
     if block_size is None:
-        block_size = _gauge_int(_first_present(text, names.block_size))
+        block_size = _gauge_int(_first_present(text, names.block_size, hints))
     if num_blocks is None:
-        num_blocks = _gauge_int(_first_present(text, names.num_gpu_blocks))
+        num_blocks = _gauge_int(_first_present(text, names.num_gpu_blocks, hints))
     return block_size, num_blocks
 
 

@@ -32,7 +32,7 @@ from endpoint_picker.errors import EppError
 from endpoint_picker.metrics.budget import Metered, ScrapeBudget
 from endpoint_picker.metrics.engines import EngineMetricNames, engine_names
 from endpoint_picker.metrics.http import HttpClient, ScrapeError
-from endpoint_picker.metrics.parser import parse_metrics
+from endpoint_picker.metrics.parser import Hints, parse_metrics
 from endpoint_picker.settings import ScrapeSettings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
@@ -76,6 +76,7 @@ class _Target:
     names: EngineMetricNames
     client: HttpClient
     task: asyncio.Task[None] | None = None
+    hints: Hints = field(default_factory=dict)  # where each family sat on the last page
     failures: int = 0  # consecutive
     failures_since_log: int = 0
     last_logged: float = field(default=float("-inf"))
@@ -206,7 +207,7 @@ class ScrapeManager:
         try:
             body = await metered
             parse_started = thread_time()
-            snapshot = parse_metrics(body, target.names, self._clock())
+            snapshot = parse_metrics(body, target.names, self._clock(), target.hints)
             self.budget.record(metered.cpu + thread_time() - parse_started)
         except (OSError, TimeoutError, EppError) as exc:  # refused/reset, timeout, bad page
             self.budget.record(metered.cpu)

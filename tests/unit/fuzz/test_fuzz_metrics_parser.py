@@ -6,6 +6,7 @@ import math
 import sys
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -237,6 +238,22 @@ def test_agrees_with_prometheus_client(text: str, engine: str) -> None:
     # the rules: sums, mean, LoRA max, first cache series; and a MetricsParseError exactly when
     # a required family is absent
     agrees(text, engine)
+
+
+@given(pages(), pages(), st.sampled_from(sorted(ENGINES)))
+def test_hints_from_another_page_change_nothing(first: str, second: str, engine: str) -> None:
+    """Offsets remembered from one page (however different) never change the next page's
+    snapshot: a stale hint falls back to a whole-page search."""
+    names = ENGINES[engine]
+    hints: dict[bytes, int] = {}
+    for text in (first, second, second):
+        try:
+            expected = parse_metrics(text.encode(), names, now=1.0)
+        except MetricsParseError:
+            with pytest.raises(MetricsParseError):
+                parse_metrics(text.encode(), names, now=1.0, hints=hints)
+            continue
+        assert parse_metrics(text.encode(), names, now=1.0, hints=hints) == expected
 
 
 EXTREMES = st.sampled_from(["1e308", "1.7976931348623157e308", "-1e308", "NaN", "+Inf", "5e-324"])

@@ -253,3 +253,33 @@ def test_vllm_page_builder_round_trip() -> None:
 def test_parse_labels(block: bytes, expected: dict[str, str]) -> None:
     """Label blocks decode with escapes; a malformed tail is dropped, not fatal."""
     assert parse_labels(block) == expected
+
+
+def test_hints_remember_each_family_and_follow_it() -> None:
+    """The hints dict learns where each family starts; pages whose families moved a little,
+    a lot, or out of the page parse exactly as without hints, and the hints follow."""
+    fixture = vllm_fixture()
+    hints: dict[bytes, int] = {}
+    expected = parse_metrics(fixture, VLLM, now=1.0)
+    assert parse_metrics(fixture, VLLM, now=1.0, hints=hints) == expected
+    lora = LORA.encode()
+    assert hints[lora] == fixture.index(b"\n" + lora + b"{") + 1
+    for moved in (
+        b"# a comment\n" + fixture,  # a little: within the window
+        b"# padding\n" * 1000 + fixture,  # far: outside the window
+        fixture.replace(b"\n" + lora, b"\nx_" + lora),  # gone
+    ):
+        assert parse_metrics(moved, VLLM, now=1.0, hints=hints) == parse_metrics(
+            moved, VLLM, now=1.0
+        )
+    assert lora not in hints  # the last page had no LoRA family
+
+
+def test_a_hint_inside_a_long_group_finds_the_group_start() -> None:
+    """A hint that now points into the middle of a family's group (earlier lines grew) is not
+    taken for its start: every sample of the family is still read."""
+    engines = "".join(f'{W}{{engine="{i}",model_name="m"}} 1\n' for i in range(200))
+    text = page(f"# TYPE {W} gauge\n" + engines, *base()[1:])
+    hints = {W.encode(): text.index(b'engine="150"') - len(W) - 1}
+    assert parse_metrics(text, VLLM, now=1.0, hints=hints).waiting_queue_size == 200
+    assert hints[W.encode()] == text.index(W.encode() + b"{")
