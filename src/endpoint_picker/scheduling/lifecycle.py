@@ -109,11 +109,12 @@ class InFlight:
     Counted from routing to the finish event, so a burst that arrives within one scrape
     interval is seen at once. Each request is remembered with its endpoint, so a finish (or a
     second one) can never decrement the wrong endpoint or go below zero. It also remembers
-    when each endpoint was last routed to (``routed_since``), so a scraped queue length can be
-    topped up with what was sent there after the scrape.
+    when requests were routed to each endpoint and when they finished there
+    (``net_routed_since``), so a scraped queue length can be brought up to date with what was
+    sent there, and what ended there, after the scrape.
     """
 
-    __slots__ = ("_by_request", "_clock", "_counts", "_recent")
+    __slots__ = ("_by_request", "_clock", "_counts", "_finished", "_recent")
 
     RECENT_LIMIT = 1024  # routing times kept per endpoint (more than any scrape interval sees)
 
@@ -122,6 +123,7 @@ class InFlight:
         self._by_request: dict[str, str] = {}
         self._counts: dict[str, int] = {}
         self._recent: dict[str, deque[float]] = {}
+        self._finished: dict[str, deque[float]] = {}
 
     def count(self, hostport: str) -> int:
         return self._counts.get(hostport, 0)
@@ -136,12 +138,19 @@ class InFlight:
         Callers ask with non-decreasing ``since`` per endpoint (a scrape's timestamp), so
         older entries are dropped as they are passed.
         """
-        times = self._recent.get(hostport)
-        if not times:
-            return 0
-        while times and times[0] < since:
-            times.popleft()
-        return len(times)
+        return _count_since(self._recent.get(hostport), since)
+
+    def finished_since(self, hostport: str, since: float) -> int:
+        """How many requests routed to ``hostport`` finished at or after ``since``; the same
+        contract as ``routed_since``."""
+        return _count_since(self._finished.get(hostport), since)
+
+    def net_routed_since(self, hostport: str, since: float) -> int:
+        """Requests routed to ``hostport`` since ``since`` minus those that finished there
+        since: how far its queue (or its running batch) has moved from a scrape taken at
+        ``since``. Negative when more left than came: each finish freed a slot, which a
+        request waiting there at the scrape took, or which is free now."""
+        return self.routed_since(hostport, since) - self.finished_since(hostport, since)
 
     def on_routed(self, event: Routed) -> None:
         request_id = event.request.request_id
@@ -159,11 +168,17 @@ class InFlight:
         endpoint = self._by_request.pop(event.request_id, None)
         if endpoint is not None:
             self._decrement(endpoint)
+            times = self._finished.get(endpoint)
+            if times is None:
+                times = self._finished[endpoint] = deque(maxlen=self.RECENT_LIMIT)
+            times.append(self._clock())
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         # Requests on an endpoint that left still finish through their streams; keep them.
         for gone in self._recent.keys() - hostports:
             del self._recent[gone]
+        for gone in self._finished.keys() - hostports:
+            del self._finished[gone]
 
     def _decrement(self, endpoint: str) -> None:
         left = self._counts.get(endpoint, 0) - 1
@@ -171,6 +186,15 @@ class InFlight:
             self._counts[endpoint] = left
         else:
             self._counts.pop(endpoint, None)
+
+
+def _count_since(times: deque[float] | None, since: float) -> int:
+    """Entries at or after ``since``; older ones are dropped (``since`` never decreases)."""
+    if not times:
+        return 0
+    while times and times[0] < since:
+        times.popleft()
+    return len(times)
 
 
 @runtime_checkable
@@ -187,8 +211,9 @@ class SharedInFlight(InFlight):
     """``InFlight`` for one worker of several: its own exact count plus the other workers'.
 
     Every change of an own count is published at once, so another worker's next pick sees
-    it; ``total`` and ``routed_since`` stay this worker's own (the status page sums the table,
-    and ``routed_since`` tops up a scrape with what this worker sent after it).
+    it; ``total`` and ``net_routed_since`` stay this worker's own (the status page sums the
+    table, and ``net_routed_since`` brings a scrape up to date with what this worker sent and
+    saw finish after it).
     """
 
     __slots__ = ("_peers",)

@@ -71,11 +71,14 @@ class UtilizationDetector:
     Stale metrics count as saturated because an endpoint we cannot see may be drowning; the
     staleness bound here (200 ms) is much tighter than the stale-metrics filter's, since
     shedding is for the pool's health, not for the one request. The queue counted is the
-    scraped one plus the requests the EPP routed there since that scrape: a burst inside one
-    scrape interval (or flow control releasing its queue) cannot all pass on one stale reading.
+    scraped one plus the requests the EPP routed there since that scrape, minus those that
+    finished there since: a burst inside one scrape interval (or flow control releasing its
+    queue) cannot all pass on one stale reading, and a slot that frees between two scrapes is
+    seen when the request leaving it ends, not up to an interval later (each finish let a
+    waiting request into the batch, or left the slot free).
 
     ``runningRequestsThreshold`` (off unless set) also counts an endpoint running more requests
-    than that (plus those routed since the scrape) as saturated: with flow control it keeps
+    than that (brought up to date the same way) as saturated: with flow control it keeps
     server batches below their maximum, so that decode steps stay short. A decode step's time
     grows with the batch's KV context, and a first token needs at least one step, so a full
     batch bounds every new request's TTFT from below. ``criticalRunningRequestsThreshold``
@@ -148,13 +151,13 @@ class UtilizationDetector:
         oldest = max(self._clock() - self._staleness, 1e-9)
         queue, kv = self._queue, self._kv
         running = self._critical_running if critical else self._running
-        routed_since = self._inflight.routed_since
+        net_routed_since = self._inflight.net_routed_since
 
         def has_room(e: EndpointState) -> bool:
             m = e.metrics
             if m.updated_at < oldest or m.kv_cache_usage > kv:
                 return False
-            since = routed_since(e.hostport, m.updated_at)
+            since = net_routed_since(e.hostport, m.updated_at)
             return m.waiting_queue_size + since <= queue and m.running_requests + since <= running
 
         return has_room

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
-from tests.unit.scheduling.builders import clock, endpoint, request
+from tests.unit.scheduling.builders import NOW, clock, endpoint, request
 
 from endpoint_picker.scheduling import room_finder
+from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
 from endpoint_picker.scheduling.plugins import StaleMetricsFilter, UtilizationDetector
 from endpoint_picker.types import EndpointState
 
@@ -105,3 +107,33 @@ def test_running_requests_threshold_keeps_room_below_a_full_batch() -> None:
     capped = UtilizationDetector(running_requests_threshold=32, clock=clock)
     assert capped.with_room([busy, light]) == [light]
     assert capped.is_saturated([busy])
+
+
+def test_a_scraped_reading_is_brought_up_to_date_by_routes_and_finishes() -> None:
+    """The queue and batch a scrape reported move with what the EPP routed there and what
+    finished there after it: a request routed after the scrape fills the room, and a finish
+    after the scrape (of a request routed before it or after) frees it again, at once rather
+    than at the next scrape. Events before the scrape are already in its reading."""
+    now = [NOW - 1.0]
+    inflight = InFlight(lambda: now[0])
+    detector = UtilizationDetector(
+        queue_depth_threshold=1, running_requests_threshold=4, clock=clock, inflight=inflight
+    )
+
+    def route(request_id: str, to: EndpointState) -> None:
+        inflight.on_routed(Routed(replace(request(), request_id=request_id), to.hostport))
+
+    full = endpoint("full", queue=0, running=5, age=0.05)  # scraped at NOW - 0.05, over 4
+    idle = endpoint("idle", queue=0, running=0, age=0.05)
+    route("before", full)  # already in the scrape's reading
+    now[0] = NOW - 0.04
+    assert names(detector.with_room([full, idle])) == ["idle"]
+    route("after-1", idle)
+    route("after-2", full)
+    assert names(detector.with_room([full, idle])) == ["idle"]  # full runs 6, idle 1
+    inflight.on_finished(Finished("before", ok=True))  # a request of the scrape's batch ends
+    assert names(detector.with_room([full, idle])) == ["idle"]  # 5 again
+    inflight.on_finished(Finished("after-2", ok=True))
+    assert names(detector.with_room([full, idle])) == ["full", "idle"]  # 4: room again
+    inflight.on_finished(Finished("after-2", ok=True))  # a second finish counts nothing
+    assert inflight.net_routed_since(full.hostport, full.metrics.updated_at) == -1
