@@ -219,6 +219,13 @@ class Director:
         names = self._pool.model_names()
         return sorted(names) if names else None
 
+    def started(self, request_id: str) -> None:
+        """A routed request's response brought its first body bytes: the server is working on
+        it, so it no longer waits in that server's queue."""
+        self._lifecycle.started(request_id)
+        if self._flow is not None:
+            self._flow.kick()
+
     def finished(
         self,
         request_id: str,

@@ -202,15 +202,19 @@ class SimServer:
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
         head: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model}
-        if chat:
-            first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
-            await resp.write(api.sse({**head, "choices": [{**first, "finish_reason": None}]}))
         interval = self.config.stream_interval
         sent = 0
         try:
             while True:
                 target = 1 if sent == 0 else min(sent + interval, req.max_tokens)
                 have = await req.tokens(target)
+                if chat and sent == 0 and have > 0:
+                    # vLLM sends the role chunk with the first output, not on acceptance: the
+                    # first body bytes of a stream mean the prefill is done (the EPP counts on it)
+                    first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                    await resp.write(
+                        api.sse({**head, "choices": [{**first, "finish_reason": None}]})
+                    )
                 if have > sent:
                     text = generate_text(sent, have - sent)
                     last = req.finish_reason == "length" and have == req.max_tokens

@@ -157,3 +157,32 @@ async def test_streams_that_die_leave_no_inflight_count(tmp_path: Path) -> None:
         await client.exchange([headers()])  # never routed
         await complete(client, "done")
         assert app.inflight.total == 0
+
+
+async def test_a_response_starts_once_at_its_first_body_bytes(tmp_path: Path) -> None:
+    """The EPP counts a routed request as started (out of its server's queue) at its first
+    non-empty response body chunk, once; a response without a body never starts."""
+    async with affinity_app(tmp_path) as (app, client, _servers):
+        raw = json_body({"model": "crit", "prompt": "x", "stream": True})
+        out = await client.exchange(
+            [
+                headers(),
+                body(raw),
+                response_headers("text/event-stream"),
+                response_body(b"", end_of_stream=False),  # nothing yet
+                response_body(b'data: {"choices": []}\n\n', end_of_stream=False),
+                response_body(b"data: [DONE]\n\n"),
+            ]
+        )
+        streamed = lb_metadata(out[0])
+        no_body = lb_metadata(
+            (await client.exchange([headers(), body(raw), response_headers(status=500)]))[0]
+        )
+        started = {
+            hostport: app.inflight.started_since(hostport, float("-inf"))
+            for hostport in {streamed, no_body}
+        }
+    if streamed == no_body:
+        assert started == {streamed: 1}
+    else:
+        assert started == {streamed: 1, no_body: 0}

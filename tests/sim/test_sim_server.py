@@ -278,3 +278,18 @@ async def test_next_chat_turn_hits_the_cached_reply(
     # The prompt's blocks, then the reply's (the last block of the KV holds no sampled token).
     assert hits >= (prompt1 + 64 - 1) // 16 * 16 - 16
     assert hits > prompt1
+
+
+async def test_chat_stream_role_comes_with_the_first_token(http: aiohttp.ClientSession) -> None:
+    """As in vLLM, the role delta is sent with the first output, after the prefill: a stream's
+    first body bytes mean the request left the waiting queue (the EPP counts on that)."""
+    msgs = [{"role": "user", "content": "tell me more " * 1500}]  # about 4,500 tokens
+    body = {"model": MODEL, "messages": msgs, "max_tokens": 2, "stream": True}
+    async with serving(server_config(time_scale=1.0)) as sim:
+        sent = time.monotonic()
+        async with http.post(f"{sim.url}/v1/chat/completions", json=body) as resp:
+            events = [(at - sent, data) async for at, data in sse_events(resp)]
+    role_at, role = events[0]
+    assert orjson.loads(role)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert orjson.loads(events[1][1])["choices"][0]["delta"]["content"]
+    assert role_at >= 0.05  # a prefill of thousands of tokens takes tens of milliseconds

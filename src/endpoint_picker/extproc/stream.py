@@ -136,6 +136,7 @@ class RequestStream:
         self._usage: UsageReader | None = None
         self._served = ""
         self._closed_metrics = False
+        self._started = False  # the response's first body bytes went by
         self._queued: tuple[QueuedRoute, bytes, bool] | None = None
 
     @property
@@ -390,6 +391,9 @@ class RequestStream:
         if self._usage is None:
             self._usage = UsageReader()
         self._usage.feed(body.body)
+        if not self._started and body.body and self._decision is not None:
+            self._started = True  # a streamed completion's first token: out of the server's queue
+            self._director.started(self._decision.request.request_id)
         if body.end_of_stream:
             self._finish_response()
         if self._response_mode != FULL_DUPLEX:

@@ -42,6 +42,7 @@ from endpoint_picker.scheduling.lifecycle import (
     Lifecycle,
     LifecycleListener,
     PoolListener,
+    StartListener,
 )
 from endpoint_picker.scheduling.plugins import SingleProfileHandler, register_builtins
 from endpoint_picker.scheduling.registry import PluginContext, PluginRegistry
@@ -254,6 +255,7 @@ def _build(
     lifecycle = Lifecycle(
         [context.inflight, *(p for p in plugins if isinstance(p, LifecycleListener))],
         [context.inflight, *(p for p in plugins if isinstance(p, PoolListener))],
+        [context.inflight, *(p for p in plugins if isinstance(p, StartListener))],
     )
     components = SchedulingComponents(
         scheduler,

@@ -53,31 +53,44 @@ class LifecycleListener(Protocol):
 
 
 @runtime_checkable
+class StartListener(Protocol):
+    """Told when a routed request's response brings its first body bytes (for a streamed
+    completion, its first token): the server has taken it out of its waiting queue."""
+
+    def on_started(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
 class PoolListener(Protocol):
     """Told the pool's endpoints whenever they change, to forget endpoints that left."""
 
     def on_endpoints(self, hostports: frozenset[str]) -> None: ...
 
 
-_L = TypeVar("_L", LifecycleListener, PoolListener)
+_L = TypeVar("_L", LifecycleListener, PoolListener, StartListener)
 
 
 class Lifecycle:
     """Fans events out to the listeners; a failing listener is logged, never fatal."""
 
-    __slots__ = ("_listeners", "_pool_listeners")
+    __slots__ = ("_listeners", "_pool_listeners", "_start_listeners")
 
     def __init__(
         self,
         listeners: Sequence[LifecycleListener] = (),
         pool_listeners: Sequence[PoolListener] = (),
+        start_listeners: Sequence[StartListener] = (),
     ) -> None:
         self._listeners = tuple(listeners)
         self._pool_listeners = tuple(pool_listeners)
+        self._start_listeners = tuple(start_listeners)
 
     def routed(self, request: LLMRequest, endpoint: str) -> None:
         event = Routed(request, endpoint)
         _each(self._listeners, lambda listener: listener.on_routed(event))
+
+    def started(self, request_id: str) -> None:
+        _each(self._start_listeners, lambda listener: listener.on_started(request_id))
 
     def finished(
         self,
@@ -109,12 +122,12 @@ class InFlight:
     Counted from routing to the finish event, so a burst that arrives within one scrape
     interval is seen at once. Each request is remembered with its endpoint, so a finish (or a
     second one) can never decrement the wrong endpoint or go below zero. It also remembers
-    when requests were routed to each endpoint and when they finished there
-    (``net_routed_since``), so a scraped queue length can be brought up to date with what was
-    sent there, and what ended there, after the scrape.
+    when requests were routed to each endpoint, started there (their first response bytes)
+    and finished there, so that a scrape's queue and batch can be brought up to date with what
+    happened after it (``routed_since``, ``started_since``, ``finished_since``).
     """
 
-    __slots__ = ("_by_request", "_clock", "_counts", "_finished", "_recent")
+    __slots__ = ("_by_request", "_clock", "_counts", "_finished", "_recent", "_started")
 
     RECENT_LIMIT = 1024  # routing times kept per endpoint (more than any scrape interval sees)
 
@@ -123,6 +136,7 @@ class InFlight:
         self._by_request: dict[str, str] = {}
         self._counts: dict[str, int] = {}
         self._recent: dict[str, deque[float]] = {}
+        self._started: dict[str, deque[float]] = {}
         self._finished: dict[str, deque[float]] = {}
 
     def count(self, hostport: str) -> int:
@@ -140,17 +154,15 @@ class InFlight:
         """
         return _count_since(self._recent.get(hostport), since)
 
+    def started_since(self, hostport: str, since: float) -> int:
+        """How many requests routed to ``hostport`` started (first response bytes) at or after
+        ``since``; the same contract as ``routed_since``."""
+        return _count_since(self._started.get(hostport), since)
+
     def finished_since(self, hostport: str, since: float) -> int:
         """How many requests routed to ``hostport`` finished at or after ``since``; the same
         contract as ``routed_since``."""
         return _count_since(self._finished.get(hostport), since)
-
-    def net_routed_since(self, hostport: str, since: float) -> int:
-        """Requests routed to ``hostport`` since ``since`` minus those that finished there
-        since: how far its queue (or its running batch) has moved from a scrape taken at
-        ``since``. Negative when more left than came: each finish freed a slot, which a
-        request waiting there at the scrape took, or which is free now."""
-        return self.routed_since(hostport, since) - self.finished_since(hostport, since)
 
     def on_routed(self, event: Routed) -> None:
         request_id = event.request.request_id
@@ -159,26 +171,32 @@ class InFlight:
             self._decrement(previous)
         self._by_request[request_id] = event.endpoint
         self._counts[event.endpoint] = self._counts.get(event.endpoint, 0) + 1
-        times = self._recent.get(event.endpoint)
-        if times is None:
-            times = self._recent[event.endpoint] = deque(maxlen=self.RECENT_LIMIT)
-        times.append(self._clock())
+        self._stamp(self._recent, event.endpoint)
+
+    def on_started(self, request_id: str) -> None:
+        endpoint = self._by_request.get(request_id)
+        if endpoint is not None:
+            self._stamp(self._started, endpoint)
 
     def on_finished(self, event: Finished) -> None:
         endpoint = self._by_request.pop(event.request_id, None)
         if endpoint is not None:
             self._decrement(endpoint)
-            times = self._finished.get(endpoint)
-            if times is None:
-                times = self._finished[endpoint] = deque(maxlen=self.RECENT_LIMIT)
-            times.append(self._clock())
+            self._stamp(self._finished, endpoint)
+
+    def _stamp(self, table: dict[str, deque[float]], endpoint: str) -> None:
+        times = table.get(endpoint)
+        if times is None:
+            times = table[endpoint] = deque(maxlen=self.RECENT_LIMIT)
+        times.append(self._clock())
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         # Requests on an endpoint that left still finish through their streams; keep them.
         for gone in self._recent.keys() - hostports:
             del self._recent[gone]
-        for gone in self._finished.keys() - hostports:
-            del self._finished[gone]
+        for table in (self._started, self._finished):
+            for gone in table.keys() - hostports:
+                del table[gone]
 
     def _decrement(self, endpoint: str) -> None:
         left = self._counts.get(endpoint, 0) - 1
@@ -211,8 +229,8 @@ class SharedInFlight(InFlight):
     """``InFlight`` for one worker of several: its own exact count plus the other workers'.
 
     Every change of an own count is published at once, so another worker's next pick sees
-    it; ``total`` and ``net_routed_since`` stay this worker's own (the status page sums the
-    table, and ``net_routed_since`` brings a scrape up to date with what this worker sent and
+    it; ``total`` and the ``*_since`` counts stay this worker's own (the status page sums the
+    table, and the counts bring a scrape up to date with what this worker sent, saw start and
     saw finish after it).
     """
 

@@ -72,19 +72,21 @@ class UtilizationDetector:
     staleness bound here (200 ms) is much tighter than the stale-metrics filter's, since
     shedding is for the pool's health, not for the one request. The queue counted is the
     scraped one plus the requests the EPP routed there since that scrape, minus those that
-    finished there since: a burst inside one scrape interval (or flow control releasing its
-    queue) cannot all pass on one stale reading, and a slot that frees between two scrapes is
-    seen when the request leaving it ends, not up to an interval later (each finish let a
-    waiting request into the batch, or left the slot free).
+    started there since (their first response bytes: the server took them out of its queue):
+    a burst inside one scrape interval (or flow control releasing its queue) cannot all pass
+    on one stale reading, and a queue that drains between two scrapes is seen as it drains,
+    not up to an interval later. A finish does not shorten the queue (on a server whose
+    prefills are the bottleneck a freed slot takes nobody sooner); it shortens the batch:
 
     ``runningRequestsThreshold`` (off unless set) also counts an endpoint running more requests
-    than that (brought up to date the same way) as saturated: with flow control it keeps
-    server batches below their maximum, so that decode steps stay short. A decode step's time
-    grows with the batch's KV context, and a first token needs at least one step, so a full
-    batch bounds every new request's TTFT from below. ``criticalRunningRequestsThreshold``
-    (default: the same) is the bound for Critical requests (flow control's positive
-    priorities): set higher, it keeps the batches short with lower-priority work and leaves
-    the difference to Critical requests, which then find short steps and a free slot.
+    than that (plus those routed since the scrape, minus those finished since) as saturated:
+    with flow control it keeps server batches below their maximum, so that decode steps stay
+    short. A decode step's time grows with the batch's KV context, and a first token needs at
+    least one step, so a full batch bounds every new request's TTFT from below.
+    ``criticalRunningRequestsThreshold`` (default: the same) is the bound for Critical requests
+    (flow control's positive priorities): set higher, it keeps the batches short with
+    lower-priority work and leaves the difference to Critical requests, which then find short
+    steps and a free slot.
     """
 
     __slots__ = (
@@ -151,13 +153,18 @@ class UtilizationDetector:
         oldest = max(self._clock() - self._staleness, 1e-9)
         queue, kv = self._queue, self._kv
         running = self._critical_running if critical else self._running
-        net_routed_since = self._inflight.net_routed_since
+        inflight = self._inflight
 
         def has_room(e: EndpointState) -> bool:
             m = e.metrics
             if m.updated_at < oldest or m.kv_cache_usage > kv:
                 return False
-            since = net_routed_since(e.hostport, m.updated_at)
-            return m.waiting_queue_size + since <= queue and m.running_requests + since <= running
+            hostport, scraped = e.hostport, m.updated_at
+            routed = inflight.routed_since(hostport, scraped)
+            if m.waiting_queue_size + routed - inflight.started_since(hostport, scraped) > queue:
+                return False
+            return (
+                m.running_requests + routed - inflight.finished_since(hostport, scraped) <= running
+            )
 
         return has_room

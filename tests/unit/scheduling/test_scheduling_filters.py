@@ -109,31 +109,46 @@ def test_running_requests_threshold_keeps_room_below_a_full_batch() -> None:
     assert capped.is_saturated([busy])
 
 
-def test_a_scraped_reading_is_brought_up_to_date_by_routes_and_finishes() -> None:
-    """The queue and batch a scrape reported move with what the EPP routed there and what
-    finished there after it: a request routed after the scrape fills the room, and a finish
-    after the scrape (of a request routed before it or after) frees it again, at once rather
-    than at the next scrape. Events before the scrape are already in its reading."""
+def test_a_scraped_reading_is_brought_up_to_date_by_routes_starts_and_finishes() -> None:
+    """After a scrape, a request routed to an endpoint joins its queue and its batch; one that
+    starts there (first response bytes) has left the queue; one that finishes there has left
+    the batch. So room comes back as the queue drains or the batch shrinks, not at the next
+    scrape; a finish alone never shortens a queue. Events before the scrape are in its reading."""
     now = [NOW - 1.0]
     inflight = InFlight(lambda: now[0])
     detector = UtilizationDetector(
-        queue_depth_threshold=1, running_requests_threshold=4, clock=clock, inflight=inflight
+        queue_depth_threshold=0, running_requests_threshold=4, clock=clock, inflight=inflight
     )
 
     def route(request_id: str, to: EndpointState) -> None:
         inflight.on_routed(Routed(replace(request(), request_id=request_id), to.hostport))
 
-    full = endpoint("full", queue=0, running=5, age=0.05)  # scraped at NOW - 0.05, over 4
-    idle = endpoint("idle", queue=0, running=0, age=0.05)
-    route("before", full)  # already in the scrape's reading
+    def with_room(*candidates: EndpointState) -> list[str]:
+        return names(detector.with_room(candidates))
+
+    queued = endpoint("queued", queue=1, running=2, age=0.05)  # scraped at NOW - 0.05
+    full = endpoint("full", queue=0, running=5, age=0.05)  # a batch over the cap of 4
+    for request_id, to in (("q-old", queued), ("q-waiting", queued), ("f-old", full)):
+        route(request_id, to)  # before the scrape: already in its reading
+    inflight.on_started("q-old")
     now[0] = NOW - 0.04
-    assert names(detector.with_room([full, idle])) == ["idle"]
-    route("after-1", idle)
-    route("after-2", full)
-    assert names(detector.with_room([full, idle])) == ["idle"]  # full runs 6, idle 1
-    inflight.on_finished(Finished("before", ok=True))  # a request of the scrape's batch ends
-    assert names(detector.with_room([full, idle])) == ["idle"]  # 5 again
-    inflight.on_finished(Finished("after-2", ok=True))
-    assert names(detector.with_room([full, idle])) == ["full", "idle"]  # 4: room again
-    inflight.on_finished(Finished("after-2", ok=True))  # a second finish counts nothing
-    assert inflight.net_routed_since(full.hostport, full.metrics.updated_at) == -1
+    assert with_room(queued, full) == []
+    inflight.on_finished(Finished("q-old", ok=True))  # a finish: the batch, not the queue
+    assert with_room(queued) == []
+    inflight.on_started("q-waiting")  # the request waiting at the scrape left the queue
+    assert with_room(queued) == ["queued"]
+    route("q-new", queued)
+    assert with_room(queued) == []  # it waits there now
+    inflight.on_started("q-new")
+    assert with_room(queued) == ["queued"]
+    inflight.on_finished(Finished("f-old", ok=True))  # the batch is back to 4
+    assert with_room(queued, full) == ["queued", "full"]
+    route("f-new", full)
+    inflight.on_started("f-new")
+    assert with_room(full) == []  # out of the queue, but in the batch: 5 again
+    inflight.on_finished(Finished("f-new", ok=True))
+    inflight.on_finished(Finished("f-new", ok=True))  # a second finish counts nothing
+    inflight.on_started("unknown")  # a request this EPP never routed counts nothing
+    assert with_room(full) == ["full"]
+    assert inflight.finished_since(full.hostport, full.metrics.updated_at) == 2
+    assert inflight.started_since(queued.hostport, queued.metrics.updated_at) == 2
