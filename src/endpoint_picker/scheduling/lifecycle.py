@@ -122,18 +122,22 @@ class InFlight:
     Counted from routing to the finish event, so a burst that arrives within one scrape
     interval is seen at once. Each request is remembered with its endpoint, so a finish (or a
     second one) can never decrement the wrong endpoint or go below zero. It also remembers
-    when requests were routed to each endpoint, started there (their first response bytes)
-    and finished there, so that a scrape's queue and batch can be brought up to date with what
-    happened after it (``routed_since``, ``started_since``, ``finished_since``).
+    when requests were routed to each endpoint, which of them started there (their first
+    response bytes) and when requests finished there, so that a scrape's queue and batch can
+    be brought up to date with what happened after it (``routed_since``, ``started_since``,
+    ``finished_since``).
     """
 
-    __slots__ = ("_by_request", "_clock", "_counts", "_finished", "_recent", "_started")
+    __slots__ = (
+        "_by_request", "_clock", "_counts", "_finished", "_recent", "_routed_at", "_started",
+    )  # fmt: skip
 
     RECENT_LIMIT = 1024  # routing times kept per endpoint (more than any scrape interval sees)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._by_request: dict[str, str] = {}
+        self._routed_at: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._recent: dict[str, deque[float]] = {}
         self._started: dict[str, deque[float]] = {}
@@ -155,9 +159,21 @@ class InFlight:
         return _count_since(self._recent.get(hostport), since)
 
     def started_since(self, hostport: str, since: float) -> int:
-        """How many requests routed to ``hostport`` started (first response bytes) at or after
-        ``since``; the same contract as ``routed_since``."""
-        return _count_since(self._started.get(hostport), since)
+        """How many of the requests routed to ``hostport`` at or after ``since`` have started
+        (first response bytes); the same contract as ``routed_since``.
+
+        Only those routed after ``since``: a start of an older request says nothing certain
+        about a queue scraped at ``since`` (it may have been prefilling then, which vLLM counts
+        as running, or its first token may have been on the way).
+        """
+        routed = self._started.get(hostport)
+        if not routed:
+            return 0
+        if min(routed) < since:  # a handful: the starts of requests routed since a scrape
+            routed = self._started[hostport] = deque(
+                (at for at in routed if at >= since), maxlen=self.RECENT_LIMIT
+            )
+        return len(routed)
 
     def finished_since(self, hostport: str, since: float) -> int:
         """How many requests routed to ``hostport`` finished at or after ``since``; the same
@@ -171,24 +187,31 @@ class InFlight:
             self._decrement(previous)
         self._by_request[request_id] = event.endpoint
         self._counts[event.endpoint] = self._counts.get(event.endpoint, 0) + 1
-        self._stamp(self._recent, event.endpoint)
+        self._routed_at[request_id] = self._stamp(self._recent, event.endpoint)
 
     def on_started(self, request_id: str) -> None:
         endpoint = self._by_request.get(request_id)
-        if endpoint is not None:
-            self._stamp(self._started, endpoint)
+        if endpoint is None:
+            return
+        routed = self._started.get(endpoint)
+        if routed is None:
+            routed = self._started[endpoint] = deque(maxlen=self.RECENT_LIMIT)
+        routed.append(self._routed_at[request_id])  # when it was routed, not when it started
 
     def on_finished(self, event: Finished) -> None:
         endpoint = self._by_request.pop(event.request_id, None)
+        self._routed_at.pop(event.request_id, None)
         if endpoint is not None:
             self._decrement(endpoint)
             self._stamp(self._finished, endpoint)
 
-    def _stamp(self, table: dict[str, deque[float]], endpoint: str) -> None:
+    def _stamp(self, table: dict[str, deque[float]], endpoint: str) -> float:
         times = table.get(endpoint)
         if times is None:
             times = table[endpoint] = deque(maxlen=self.RECENT_LIMIT)
-        times.append(self._clock())
+        now = self._clock()
+        times.append(now)
+        return now
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         # Requests on an endpoint that left still finish through their streams; keep them.

@@ -71,12 +71,15 @@ class UtilizationDetector:
     Stale metrics count as saturated because an endpoint we cannot see may be drowning; the
     staleness bound here (200 ms) is much tighter than the stale-metrics filter's, since
     shedding is for the pool's health, not for the one request. The queue counted is the
-    scraped one plus the requests the EPP routed there since that scrape, minus those that
-    started there since (their first response bytes: the server took them out of its queue):
-    a burst inside one scrape interval (or flow control releasing its queue) cannot all pass
-    on one stale reading, and a queue that drains between two scrapes is seen as it drains,
-    not up to an interval later. A finish does not shorten the queue (on a server whose
-    prefills are the bottleneck a freed slot takes nobody sooner); it shortens the batch:
+    scraped one plus the requests the EPP routed there since that scrape and that have not
+    started yet (no response bytes: still queued, or in their prefill): a burst inside one
+    scrape interval (or flow control releasing its queue) cannot all pass on one stale reading,
+    and once they start there is room again without waiting for the next scrape. Starts and
+    finishes of requests routed before the scrape do not shorten the scraped queue: measured,
+    that let lower-priority requests into server queues ahead of later Critical ones (a
+    request prefilling at the scrape is running, not waiting, and its first token then looked
+    like a queue draining; on a server whose prefills are the bottleneck a finish frees a slot
+    nobody takes sooner). A finish does shorten the batch:
 
     ``runningRequestsThreshold`` (off unless set) also counts an endpoint running more requests
     than that (plus those routed since the scrape, minus those finished since) as saturated:
@@ -162,7 +165,8 @@ class UtilizationDetector:
             hostport, scraped = e.hostport, m.updated_at
             routed = inflight.routed_since(hostport, scraped)
             if m.waiting_queue_size + routed - inflight.started_since(hostport, scraped) > queue:
-                return False
+                return False  # the queue: plus what was sent since and has not started
+            # the batch: plus what was sent since, minus what ended since
             return (
                 m.running_requests + routed - inflight.finished_since(hostport, scraped) <= running
             )

@@ -110,10 +110,11 @@ def test_running_requests_threshold_keeps_room_below_a_full_batch() -> None:
 
 
 def test_a_scraped_reading_is_brought_up_to_date_by_routes_starts_and_finishes() -> None:
-    """After a scrape, a request routed to an endpoint joins its queue and its batch; one that
-    starts there (first response bytes) has left the queue; one that finishes there has left
-    the batch. So room comes back as the queue drains or the batch shrinks, not at the next
-    scrape; a finish alone never shortens a queue. Events before the scrape are in its reading."""
+    """After a scrape, a request routed to an endpoint joins its queue until it starts (first
+    response bytes) and its batch until it finishes: room comes back as the EPP's own requests
+    start or end, not at the next scrape. Starts and finishes of requests routed before the
+    scrape never shorten the scraped queue (one may have been prefilling, which is running);
+    their finishes do shorten the batch."""
     now = [NOW - 1.0]
     inflight = InFlight(lambda: now[0])
     detector = UtilizationDetector(
@@ -126,23 +127,24 @@ def test_a_scraped_reading_is_brought_up_to_date_by_routes_starts_and_finishes()
     def with_room(*candidates: EndpointState) -> list[str]:
         return names(detector.with_room(candidates))
 
-    queued = endpoint("queued", queue=1, running=2, age=0.05)  # scraped at NOW - 0.05
+    idle = endpoint("idle", queue=0, running=2, age=0.05)  # scraped at NOW - 0.05
+    queued = endpoint("queued", queue=1, running=2, age=0.05)
     full = endpoint("full", queue=0, running=5, age=0.05)  # a batch over the cap of 4
-    for request_id, to in (("q-old", queued), ("q-waiting", queued), ("f-old", full)):
+    for request_id, to in (("i-old", idle), ("q-old", queued), ("f-old", full)):
         route(request_id, to)  # before the scrape: already in its reading
-    inflight.on_started("q-old")
     now[0] = NOW - 0.04
-    assert with_room(queued, full) == []
-    inflight.on_finished(Finished("q-old", ok=True))  # a finish: the batch, not the queue
-    assert with_room(queued) == []
-    inflight.on_started("q-waiting")  # the request waiting at the scrape left the queue
-    assert with_room(queued) == ["queued"]
-    route("q-new", queued)
-    assert with_room(queued) == []  # it waits there now
-    inflight.on_started("q-new")
-    assert with_room(queued) == ["queued"]
+    assert with_room(idle, queued, full) == ["idle"]
+    route("i-new", idle)
+    assert with_room(idle) == []  # it waits there now
+    inflight.on_started("i-old")
+    inflight.on_finished(Finished("i-old", ok=True))
+    assert with_room(idle) == []  # older requests say nothing about the queue
+    inflight.on_started("i-new")
+    assert with_room(idle) == ["idle"]  # it left the queue
+    inflight.on_started("q-old")
+    assert with_room(queued) == []  # the scraped queue stays until the next scrape
     inflight.on_finished(Finished("f-old", ok=True))  # the batch is back to 4
-    assert with_room(queued, full) == ["queued", "full"]
+    assert with_room(full) == ["full"]
     route("f-new", full)
     inflight.on_started("f-new")
     assert with_room(full) == []  # out of the queue, but in the batch: 5 again
@@ -151,4 +153,4 @@ def test_a_scraped_reading_is_brought_up_to_date_by_routes_starts_and_finishes()
     inflight.on_started("unknown")  # a request this EPP never routed counts nothing
     assert with_room(full) == ["full"]
     assert inflight.finished_since(full.hostport, full.metrics.updated_at) == 2
-    assert inflight.started_since(queued.hostport, queued.metrics.updated_at) == 2
+    assert inflight.started_since(idle.hostport, idle.metrics.updated_at) == 1
