@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.extproc import body, headers, json_body, lb_metadata, make_settings, running_app
 from tests.support.pool import model, pod, pool, pool_yaml
+from tests.unit.metrics.metrics_builders import until
 
 from endpoint_picker.app import App
 from endpoint_picker.extproc.tls import self_signed_certificate
@@ -153,6 +154,9 @@ async def test_drain_finishes_open_streams_refuses_new_ones_and_reports_not_serv
         health_port = app.ports.health
         call = client.stub.Process()
         await call.write(headers())
+        # the server holds the stream before the drain starts (a loaded machine may not have
+        # delivered the first write yet, and then grpc.aio's stop finds nothing in flight)
+        await until(lambda: app.streams_accepted == 1)
         started = asyncio.get_running_loop().time()
         stopping = asyncio.create_task(app.stop(drain_timeout=5.0))
         await asyncio.sleep(0.2)
