@@ -208,9 +208,10 @@ class SimServer:
             while True:
                 target = 1 if sent == 0 else min(sent + interval, req.max_tokens)
                 have = await req.tokens(target)
-                if chat and sent == 0 and have > 0:
+                if chat and sent == 0 and (have > 0 or req.finished):
                     # vLLM sends the role chunk with the first output, not on acceptance: the
-                    # first body bytes of a stream mean the prefill is done (the EPP counts on it)
+                    # first body bytes of a stream mean the prefill is done (the EPP counts on
+                    # it); a request aborted before any token still gets it
                     first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
                     await resp.write(
                         api.sse({**head, "choices": [{**first, "finish_reason": None}]})

@@ -293,3 +293,28 @@ async def test_chat_stream_role_comes_with_the_first_token(http: aiohttp.ClientS
     assert orjson.loads(role)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert orjson.loads(events[1][1])["choices"][0]["delta"]["content"]
     assert role_at >= 0.05  # a prefill of thousands of tokens takes tens of milliseconds
+
+
+async def test_chat_stream_aborted_before_its_first_token_still_has_the_role(
+    http: aiohttp.ClientSession,
+) -> None:
+    """A chat stream whose request ends before any token (the engine shut down during the
+    prefill) still opens with the role delta, then usage and [DONE]."""
+    msgs = [{"role": "user", "content": "tell me more " * 1500}]
+    body = {
+        "model": MODEL,
+        "messages": msgs,
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with (
+        serving(server_config(time_scale=1.0)) as sim,
+        http.post(f"{sim.url}/v1/chat/completions", json=body) as resp,
+    ):
+        await asyncio.sleep(0.01)
+        sim.engine.shutdown()
+        events = [data async for _, data in sse_events(resp)]
+    assert orjson.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert orjson.loads(events[1])["usage"]["completion_tokens"] == 0
+    assert events[-1] == "[DONE]"

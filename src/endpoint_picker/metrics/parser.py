@@ -10,9 +10,10 @@ stops at the first line that belongs to another family.
 A server writes its page in the same order every time, so a family starts near where it
 started on the previous page. ``hints`` (one dict per endpoint, kept by the caller) remembers
 each family's offset, and the next parse looks within ``_HINT_WINDOW`` bytes of it first: a hit
-is taken only where the line before belongs to no sample of the family (so it is the group's
-first line), otherwise the whole page is searched. On vLLM's page the LoRA and cache-config
-families come last, and two full searches for them were most of a parse.
+is taken only where the line before is the family's own ``# TYPE`` or ``# HELP`` line (so it is
+the group's first line: a comment or blank line may split a group, and only one such line
+heads it on a well-formed page), otherwise the whole page is searched. On vLLM's page the
+LoRA and cache-config families come last, and two full searches for them were most of a parse.
 
 Aggregation across series (data-parallel ranks differ by an ``engine`` label; any other labels,
 in any order, are ignored unless a spec matches on them): queues and running requests are
@@ -149,11 +150,12 @@ def _hinted_start(text: bytes, needle: bytes, hints: Hints) -> int:
     while pos >= 0:
         start, after = pos + 1, pos + 1 + size
         if after < len(text) and text[after] in _BOUNDARY:
-            previous = text.rfind(b"\n", 0, pos) + 1  # the line before: not of this family
-            if not (text.startswith(needle, previous) and text[previous + size] in _BOUNDARY):
+            previous = text.rfind(b"\n", 0, pos) + 1  # the line before: the family's metadata
+            line = text[previous:pos].rstrip(b"\r")
+            if line.startswith((b"# TYPE ", b"# HELP ")) and line[7:].split(b" ", 1)[0] == needle:
                 hints[needle] = start
                 return start
-            return -1  # inside the group: its start is further back
+            return -1  # inside the group, or no metadata: search the whole page
         pos = text.find(newline_needle, after, hint + _HINT_WINDOW + size)
     return -1
 

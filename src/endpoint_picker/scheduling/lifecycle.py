@@ -190,20 +190,22 @@ class InFlight:
         self._routed_at[request_id] = self._stamp(self._recent, event.endpoint)
 
     def on_started(self, request_id: str) -> None:
+        routed_at = self._routed_at.pop(request_id, None)  # at most once per routing
         endpoint = self._by_request.get(request_id)
-        if endpoint is None:
-            return
+        if routed_at is None or endpoint is None or endpoint not in self._recent:
+            return  # unknown, started already, or on an endpoint that left the pool
         routed = self._started.get(endpoint)
         if routed is None:
             routed = self._started[endpoint] = deque(maxlen=self.RECENT_LIMIT)
-        routed.append(self._routed_at[request_id])  # when it was routed, not when it started
+        routed.append(routed_at)  # when it was routed, not when it started
 
     def on_finished(self, event: Finished) -> None:
         endpoint = self._by_request.pop(event.request_id, None)
         self._routed_at.pop(event.request_id, None)
         if endpoint is not None:
             self._decrement(endpoint)
-            self._stamp(self._finished, endpoint)
+            if endpoint in self._recent:  # not for an endpoint that left the pool
+                self._stamp(self._finished, endpoint)
 
     def _stamp(self, table: dict[str, deque[float]], endpoint: str) -> float:
         times = table.get(endpoint)

@@ -164,7 +164,8 @@ class UtilizationDetector:
                 return False
             hostport, scraped = e.hostport, m.updated_at
             routed = inflight.routed_since(hostport, scraped)
-            if m.waiting_queue_size + routed - inflight.started_since(hostport, scraped) > queue:
+            unstarted = max(0, routed - inflight.started_since(hostport, scraped))
+            if m.waiting_queue_size + unstarted > queue:
                 return False  # the queue: plus what was sent since and has not started
             # the batch: plus what was sent since, minus what ended since
             return (

@@ -283,3 +283,19 @@ def test_a_hint_inside_a_long_group_finds_the_group_start() -> None:
     hints = {W.encode(): text.index(b'engine="150"') - len(W) - 1}
     assert parse_metrics(text, VLLM, now=1.0, hints=hints).waiting_queue_size == 200
     assert hints[W.encode()] == text.index(W.encode() + b"{")
+
+
+def test_a_hint_never_takes_a_later_segment_of_a_split_group() -> None:
+    """A comment (or blank line) may split a family's group; a hint learned where the later
+    segment started must not make the next page lose its earlier samples."""
+    metadata = f"# HELP {W} waiting.\n# TYPE {W} gauge\n"
+    comment = "# " + "x" * 3000 + "\n"  # longer than the hint window
+    later = f'{W}{{engine="1"}} 5\n'
+    first = page(metadata + comment + later, *base()[1:])
+    second = page(metadata + f'{W}{{engine="0"}} 1\n' + comment + later, *base()[1:])
+    hints: dict[bytes, int] = {}
+    assert parse_metrics(first, VLLM, now=1.0, hints=hints).waiting_queue_size == 5
+    for text in (second, second.replace(b"\n", b"\r\n")):
+        expected = parse_metrics(text, VLLM, now=1.0)
+        assert expected.waiting_queue_size == 1  # the group's first segment, as without hints
+        assert parse_metrics(text, VLLM, now=1.0, hints=dict(hints)) == expected

@@ -154,3 +154,27 @@ def test_a_scraped_reading_is_brought_up_to_date_by_routes_starts_and_finishes()
     assert with_room(full) == ["full"]
     assert inflight.finished_since(full.hostport, full.metrics.updated_at) == 2
     assert inflight.started_since(idle.hostport, idle.metrics.updated_at) == 1
+
+
+def test_starts_count_once_and_only_on_endpoints_in_the_pool() -> None:
+    """A request id reused by two streams starts once; requests on an endpoint that left the
+    pool (and came back) neither start nor finish there in the counts, and no table is
+    recreated for an endpoint that is gone."""
+    inflight = InFlight(lambda: NOW)
+
+    def route(request_id: str, hostport: str) -> None:
+        inflight.on_routed(Routed(replace(request(), request_id=request_id), hostport))
+
+    route("dup", "10.0.0.1:8000")
+    route("dup", "10.0.0.2:8000")  # the same x-request-id on a second stream
+    inflight.on_started("dup")
+    inflight.on_started("dup")
+    assert inflight.started_since("10.0.0.2:8000", NOW) == 1
+    for request_id in ("a", "b"):
+        route(request_id, "10.0.0.3:8000")
+    inflight.on_endpoints(frozenset({"10.0.0.1:8000", "10.0.0.2:8000"}))  # .3 left
+    inflight.on_started("a")
+    inflight.on_finished(Finished("b", ok=True))
+    assert inflight.started_since("10.0.0.3:8000", NOW) == 0
+    assert inflight.finished_since("10.0.0.3:8000", NOW) == 0
+    assert inflight.count("10.0.0.3:8000") == 1  # "a" is still in flight there
