@@ -132,7 +132,7 @@ class InFlight:
         "_by_request", "_clock", "_counts", "_finished", "_recent", "_routed_at", "_started",
     )  # fmt: skip
 
-    RECENT_LIMIT = 1024  # routing times kept per endpoint (more than any scrape interval sees)
+    RECENT_LIMIT = 1024  # times kept per endpoint and table (more than any scrape interval sees)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -187,17 +187,14 @@ class InFlight:
             self._decrement(previous)
         self._by_request[request_id] = event.endpoint
         self._counts[event.endpoint] = self._counts.get(event.endpoint, 0) + 1
-        self._routed_at[request_id] = self._stamp(self._recent, event.endpoint)
+        self._routed_at[request_id] = self._append(self._recent, event.endpoint, self._clock())
 
     def on_started(self, request_id: str) -> None:
         routed_at = self._routed_at.pop(request_id, None)  # at most once per routing
         endpoint = self._by_request.get(request_id)
         if routed_at is None or endpoint is None or endpoint not in self._recent:
             return  # unknown, started already, or on an endpoint that left the pool
-        routed = self._started.get(endpoint)
-        if routed is None:
-            routed = self._started[endpoint] = deque(maxlen=self.RECENT_LIMIT)
-        routed.append(routed_at)  # when it was routed, not when it started
+        self._append(self._started, endpoint, routed_at)  # when it was routed, not started
 
     def on_finished(self, event: Finished) -> None:
         endpoint = self._by_request.pop(event.request_id, None)
@@ -205,15 +202,14 @@ class InFlight:
         if endpoint is not None:
             self._decrement(endpoint)
             if endpoint in self._recent:  # not for an endpoint that left the pool
-                self._stamp(self._finished, endpoint)
+                self._append(self._finished, endpoint, self._clock())
 
-    def _stamp(self, table: dict[str, deque[float]], endpoint: str) -> float:
+    def _append(self, table: dict[str, deque[float]], endpoint: str, at: float) -> float:
         times = table.get(endpoint)
         if times is None:
             times = table[endpoint] = deque(maxlen=self.RECENT_LIMIT)
-        now = self._clock()
-        times.append(now)
-        return now
+        times.append(at)
+        return at
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         # Requests on an endpoint that left still finish through their streams; keep them.
