@@ -589,3 +589,25 @@ async def test_the_retired_grpclib_stack_is_served_by_h2_with_a_warning(tmp_path
     assert warned
     assert warned[0]["log_level"] == "warning"
     assert warned[0]["serving"] == "h2"
+
+
+async def test_a_stream_opened_after_the_drains_last_goaway_is_refused_not_reset() -> None:
+    """Once nothing is busy, the drain names the last stream it received in a second GOAWAY; a
+    stream the client opened before seeing it gets RST_STREAM REFUSED_STREAM (a gRPC client
+    retries it on another connection) instead of dying in a connection reset."""
+    servicer = OneAnswer()
+    async with raw_session(servicer) as (server, client):
+        client.open_stream(1, PROCESS_PATH.decode(), headers().SerializeToString(), end=True)
+        await client.read_until(lambda: client.ended(1))
+        (connection,) = list(server.connections)
+        connection.last_goaway()  # what stop() sends when its calls are done
+        client.open_stream(3, PROCESS_PATH.decode(), headers().SerializeToString(), end=True)
+        received = b""
+        # RST_STREAM: length 4, type 3, no flags, stream 3; error REFUSED_STREAM (0x7)
+        refused = b"\x00\x00\x04\x03\x00" + struct.pack(">II", 3, 7)
+        async with asyncio.timeout(3):
+            while refused not in received:  # raw frames: h2's client state ends at a GOAWAY
+                data = await client.reader.read(65536)
+                assert data, "the server closed the connection"
+                received += data
+        assert servicer.read == 1  # stream 3 was never served

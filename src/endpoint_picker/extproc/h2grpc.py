@@ -16,8 +16,10 @@ streams`` caps them with a JSON 429 instead), a message past ``wire.MAX_MESSAGE_
 with RESOURCE_EXHAUSTED before it is buffered, SO_REUSEPORT for ``--workers``, and the drain of
 ``stop(grace)``: the listener closes, each connection gets a GOAWAY naming the largest stream id
 (RFC 9113, 6.8: the open streams go on, no new ones; written beside h2, whose state machine
-refuses every frame after a GOAWAY of its own), open calls get ``grace``, then the connections
-close.
+refuses every frame after a GOAWAY of its own), open calls get ``grace``, then a second GOAWAY
+names the last stream received and the streams the client opened meanwhile are refused with
+REFUSED_STREAM for ``_LAST_GOAWAY_SECONDS`` (a gRPC client retries those on another
+connection; closed at once, they were lost in a connection reset), then the connections close.
 
 Flow control: what arrives is acknowledged at once (a call's unread bytes are bounded by the
 message limit), and a window large enough for a long prompt is announced up front; what is
@@ -70,6 +72,10 @@ HEALTH_CHECK_PATH = b"/grpc.health.v1.Health/Check"
 # Envoy ends its side at once.
 CLIENT_REST_SECONDS = 1.0
 _CLOSE_SECONDS = 5.0  # how long stop() waits for cancelled flow-control waits to end
+# After the drain's final GOAWAY (naming the last stream served), how long the connections stay
+# open so that streams the client opened meanwhile are refused with REFUSED_STREAM (which a
+# gRPC client retries elsewhere) rather than lost in a connection reset.
+_LAST_GOAWAY_SECONDS = 0.1
 # How long a connection closed on an error may take to flush before it is aborted (a client
 # that stops reading would otherwise keep its socket and buffers).
 _ABORT_SECONDS = 5.0
@@ -166,6 +172,7 @@ class _Connection(asyncio.Protocol):
         self._blocked: set[_Call] = set()  # calls with data waiting for a window
         self._transport: asyncio.Transport | None = None
         self._refused = False
+        self._last_stream_id: int | None = None  # set by the final GOAWAY: later ones refused
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
@@ -230,6 +237,10 @@ class _Connection(asyncio.Protocol):
                         f"more than {_MAX_UNREAD_BYTES} bytes sent before an answer",
                     )
         elif isinstance(event, RequestReceived):
+            if self._last_stream_id is not None and event.stream_id > self._last_stream_id:
+                with contextlib.suppress(ProtocolError):  # not served: the client may retry it
+                    self._h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
+                return
             self._open(event.stream_id, event.headers, ended=event.stream_ended is not None)
         elif isinstance(event, StreamEnded):
             call = self._calls.get(event.stream_id)
@@ -525,6 +536,12 @@ class _Connection(asyncio.Protocol):
         self._flush()  # what h2 has queued goes first
         self._transport.write(frame.serialize())
 
+    def last_goaway(self) -> None:
+        """The drain's second GOAWAY (RFC 9113, 6.8): it names the last stream received, and
+        streams the client opens after it are refused."""
+        self._last_stream_id = self._h2.highest_inbound_stream_id
+        self.goaway(self._last_stream_id)
+
     def cancel(self) -> None:
         """Past the grace: close the connection, which ends every call still open on it (the
         client sees them reset); their sessions end now. What the client has not read is
@@ -601,6 +618,10 @@ class H2GrpcServer:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.02)
+        if self.connections:
+            for connection in list(self.connections):
+                connection.last_goaway()
+            await asyncio.sleep(_LAST_GOAWAY_SECONDS)
         for connection in list(self.connections):
             connection.cancel()
         lost = [connection.lost for connection in self.connections]
