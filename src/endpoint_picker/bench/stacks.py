@@ -52,10 +52,12 @@ FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the n
 FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
 TARGET_FORMS = (
     "rr, lr, epp, epp=PATH.yaml, Nxepp[=PATH.yaml] (N replicas), any epp form + @wN (N "
-    "worker processes each), vllm-router[:POLICY], "
+    "worker processes each) and/or @plaintext (no TLS from Envoy to the EPP), "
+    "vllm-router[:POLICY], "
     "sglang-router[:POLICY]"
 )
 _MAX_REPLICAS = 8
+_PLAINTEXT = "@plaintext"
 _EPP_CLUSTER = "endpoint_picker"  # the ext_proc cluster's name in deploy/envoy/templates
 _PYTHON = (sys.executable, "-m", "endpoint_picker")
 
@@ -135,6 +137,7 @@ class StackSpec:
     workers: int = 1  # epp@wN: each EPP runs `epp serve --workers N`
     graceful_close: bool = False  # Envoy half-closes ext_proc streams (docs/envoy.md, item 6)
     worker_max_requests: int = 0  # `epp serve --worker-max-requests N` (bench_soak)
+    plaintext: bool = False  # epp...@plaintext: no TLS between Envoy and the EPP
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +177,11 @@ def parse_targets(text: str) -> list[StackSpec]:
 
 
 def _parse_one(entry: str) -> StackSpec:
+    if entry.endswith(_PLAINTEXT):
+        spec = _parse_one(entry.removesuffix(_PLAINTEXT))
+        if spec.kind != "epp":
+            raise BenchError(f"--stack: {entry!r}: {_PLAINTEXT} follows an epp target")
+        return replace(spec, name=entry, plaintext=True)
     base, at, workers = entry.rpartition("@w")
     if at and workers.isdigit():
         spec = _parse_one(base)
@@ -187,7 +195,7 @@ def _parse_one(entry: str) -> StackSpec:
         if not 1 <= replicas <= _MAX_REPLICAS:
             raise BenchError(f"--stack: {entry!r}: 1 to {_MAX_REPLICAS} replicas")
         spec = _parse_one(rest)
-        return StackSpec(entry, spec.kind, spec.config_file, spec.policy, replicas)
+        return replace(spec, name=entry, replicas=replicas)
     if entry in _PLAIN:
         find_envoy()
         return StackSpec(entry, _PLAIN[entry])
@@ -359,6 +367,8 @@ def _epp_argv(spec: StackSpec, pool: Path, ports: Sequence[int]) -> list[str]:
         argv += ["--workers", str(spec.workers)]
     if spec.worker_max_requests > 0:
         argv += ["--worker-max-requests", str(spec.worker_max_requests)]
+    if spec.plaintext:
+        argv += ["--secure-serving", "false"]
     return argv
 
 
@@ -374,7 +384,8 @@ def _envoy_config(
         text = envoy_config.render(
             "reference", listen_address=FRONT_ADDRESS, listen_port=listen,
             admin_address=FRONT_ADDRESS, admin_port=admin, epp_address=FRONT_ADDRESS,
-            epp_port=epps[0], ext_proc_graceful_close=spec.graceful_close,
+            epp_port=epps[0], epp_tls=not spec.plaintext,
+            ext_proc_graceful_close=spec.graceful_close,
         )  # fmt: skip
         return text if len(epps) == 1 else _more_epps(text, epps)
     endpoints = [(a, port) for a in addresses]

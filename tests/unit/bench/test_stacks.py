@@ -6,6 +6,7 @@ import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -100,6 +101,27 @@ def test_parse_targets_epp_workers(config_file: Path) -> None:
     assert "--workers" not in _epp_argv(StackSpec("epp", "epp"), config_file, [1, 2, 3])
     argv = _epp_argv(plain, config_file, [1, 2, 3])
     assert argv[argv.index("--workers") + 1] == "2"
+
+
+def test_parse_targets_epp_plaintext(config_file: Path) -> None:
+    """Any epp form + @plaintext: the EPP serves without TLS and Envoy connects without it."""
+    plain, workers, replicas = parse_targets("epp@plaintext,epp@w2@plaintext,2xepp@plaintext")
+    assert plain == StackSpec("epp@plaintext", "epp", plaintext=True)
+    assert workers == StackSpec("epp@w2@plaintext", "epp", workers=2, plaintext=True)
+    assert replicas == StackSpec("2xepp@plaintext", "epp", replicas=2, plaintext=True)
+    argv = _epp_argv(plain, config_file, [1, 2, 3])
+    assert argv[argv.index("--secure-serving") + 1] == "false"
+    assert "--secure-serving" not in _epp_argv(StackSpec("epp", "epp"), config_file, [1, 2, 3])
+
+    def epp_cluster(spec: StackSpec) -> dict[str, Any]:
+        config = yaml.safe_load(_envoy_config(spec, [], 0, 8080, 9901, [9002]))
+        clusters = config["static_resources"]["clusters"]
+        return next(c for c in clusters if c["name"] == "endpoint_picker")
+
+    assert "transport_socket" in epp_cluster(StackSpec("epp", "epp"))
+    assert "transport_socket" not in epp_cluster(plain)
+    with pytest.raises(BenchError, match="@plaintext follows an epp target"):
+        parse_targets("rr@plaintext")
 
 
 def test_envoy_config_balances_over_every_replica() -> None:
