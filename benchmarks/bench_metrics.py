@@ -27,6 +27,7 @@ import sys
 import time
 import timeit
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "unit" / "metrics" / "fixtures" / "vllm_v1_metrics.txt"
@@ -39,9 +40,16 @@ from endpoint_picker.metrics.budget import UNSEEN_OVERHEAD  # noqa: E402 - after
 async def serve(count: int) -> None:
     from aiohttp import web
 
-    body = FIXTURE.read_bytes()
+    from endpoint_picker_sim.metrics import restrict
 
-    async def metrics(_: web.Request) -> web.Response:
+    text = FIXTURE.read_text()
+    pages: dict[tuple[str, ...], bytes] = {(): text.encode()}
+
+    async def metrics(request: web.Request) -> web.Response:
+        names = tuple(request.query.getall("name[]", []))  # as prometheus_client (vLLM) does
+        body = pages.get(names)
+        if body is None:
+            body = pages[names] = restrict(text, names).encode()
         return web.Response(body=body, content_type="text/plain")
 
     app = web.Application()
@@ -73,16 +81,77 @@ def bench_parse() -> float:
     def best(fn: object, number: int) -> float:
         return min(timeit.repeat(fn, number=number, repeat=5)) / number  # type: ignore[arg-type]
 
+    from endpoint_picker_sim.metrics import restrict
+
     ours = best(lambda: parse_metrics(text, names, 0.0), 2000)
     hints: dict[bytes, int] = {}  # as the scraper keeps them per endpoint
     hinted = best(lambda: parse_metrics(text, names, 0.0, hints), 2000)
     full = best(lambda: list(text_string_to_metric_families(text.decode())), 20)
+    small = restrict(text.decode(), names.metric_names()).encode()
+    filtered_hints: dict[bytes, int] = {}
+    filtered = best(lambda: parse_metrics(small, names, 0.0, filtered_hints), 2000)
     lines = text.count(b"\n")
     print(f"payload: {len(text) / 1024:.1f} KiB, {lines} lines (vLLM v1, 2 DP engines)")
     print(f"parse_metrics:                 {ours * 1e6:8.1f} us per page")
     print(f"  with the last page's hints:  {hinted * 1e6:8.1f} us per page (as scraping runs)")
     print(f"prometheus_client full parse:  {full * 1e6:8.1f} us per page ({full / ours:.0f}x)")
+    print(
+        f"the filtered page ({len(small) / 1024:.1f} KiB, name[]=...): "
+        f"{filtered * 1e6:.1f} us per page"
+    )
     return ours
+
+
+def bench_render() -> None:
+    """What rendering the page costs the model server: prometheus_client (vLLM's /metrics)
+    with the fixture's families and values, whole and restricted to the EPP's names."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from endpoint_picker.metrics.engines import BUILTIN_ENGINES
+
+    registry = CollectorRegistry()
+    for family in text_string_to_metric_families(FIXTURE.read_text()):
+        series: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+        for sample in family.samples:
+            key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+            series.setdefault(key, []).append(sample)
+        labelnames = sorted({k for key in series for k, _ in key})
+        if family.type == "histogram":
+            bounds = sorted(
+                {float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")}
+                - {float("inf")}
+            )
+            if not bounds:  # a histogram with only +Inf: prometheus_client will not make one
+                continue
+            metric: Any = Histogram(family.name, family.documentation, labelnames,
+                                    buckets=bounds, registry=registry)  # fmt: skip
+        elif family.type == "counter":
+            metric = Counter(family.name, family.documentation, labelnames, registry=registry)
+        else:
+            metric = Gauge(family.name, family.documentation, labelnames, registry=registry)
+        for key, samples in series.items():
+            child = metric.labels(**dict(key)) if labelnames else metric
+            for sample in samples:
+                if family.type == "histogram" and sample.name.endswith("_sum"):
+                    child._sum.set(sample.value)  # values as on the page (private API)
+                elif family.type == "histogram" and sample.name.endswith("_bucket"):
+                    le = float(sample.labels["le"])
+                    if le != float("inf"):
+                        child._buckets[bounds.index(le)].set(sample.value)
+                elif family.type == "counter" and sample.name.endswith("_total"):
+                    child.inc(sample.value)
+                elif family.type not in ("histogram", "counter"):
+                    child.set(sample.value)
+    restricted = registry.restricted_registry(BUILTIN_ENGINES["vllm"].metric_names())
+    whole = generate_latest(registry)
+    small = generate_latest(restricted)
+    t_whole = min(timeit.repeat(lambda: generate_latest(registry), number=50, repeat=5)) / 50
+    t_small = min(timeit.repeat(lambda: generate_latest(restricted), number=500, repeat=5)) / 500
+    print("\nthe model server's side: prometheus_client renders the fixture's families")
+    print(f"  whole page:     {t_whole * 1e6:8.0f} us ({len(whole) / 1024:.1f} KiB)")
+    print(f"  name[] filter:  {t_small * 1e6:8.0f} us ({len(small) / 1024:.1f} KiB)")
+    print(f"  at 20 scrapes/s: {t_whole * 2000:.1f} % of a core against {t_small * 2000:.2f} %")
 
 
 def start_servers(count: int) -> tuple[subprocess.Popen[str], list[tuple[str, int]]]:
@@ -98,7 +167,12 @@ def start_servers(count: int) -> tuple[subprocess.Popen[str], list[tuple[str, in
 
 
 async def run_manager(
-    hostports: list[tuple[str, int]], *, cpu_budget: float, warmup: float, seconds: float
+    hostports: list[tuple[str, int]],
+    *,
+    cpu_budget: float,
+    warmup: float,
+    seconds: float,
+    name_filter: bool = True,
 ) -> dict[str, float]:
     from endpoint_picker.metrics.scraper import ScrapeManager
     from endpoint_picker.settings import ScrapeSettings
@@ -110,7 +184,8 @@ async def run_manager(
         nonlocal scrapes
         scrapes += 1
 
-    manager = ScrapeManager(ScrapeSettings(), on_snapshot, cpu_budget=cpu_budget)
+    manager = ScrapeManager(ScrapeSettings(name_filter=name_filter), on_snapshot,
+                            cpu_budget=cpu_budget)  # fmt: skip
     await manager.start()
     manager.set_endpoints(Endpoint(f"pod-{i}", "bench", h, p) for i, (h, p) in enumerate(hostports))
     await asyncio.sleep(warmup)
@@ -219,11 +294,11 @@ async def bench_clients(host: str, port: int, gets: int = 2000) -> None:
         await session.close()
 
 
-def report_fixed(count: int, result: dict[str, float], parse: float) -> float:
+def report_fixed(count: int, result: dict[str, float], parse: float, what: str) -> float:
     per_scrape = result["cpu_per_scrape"]
     per_endpoint = per_scrape * 20  # one endpoint at 50 ms: 20 scrapes/s
     fits = 0.5 / per_endpoint
-    print(f"\nfixed 50 ms, {count} endpoints (budget off), servers in a child process:")
+    print(f"\nfixed 50 ms, {count} endpoints (budget off), {what}, servers in a child process:")
     print(f"  scrapes/s:             {result['scrapes_per_s']:8.0f} (ideal {count * 20})")
     print(f"  client CPU:            {result['cpu_share'] * 100:8.1f} % of a core")
     print(
@@ -266,16 +341,21 @@ def report_aiohttp(count: int, result: dict[str, float], ours: float) -> None:
 
 
 async def bench_scrape(
-    fixed_count: int, adaptive_count: int, seconds: float, *, compare: bool
+    fixed_count: int, adaptive_count: int, seconds: float, *, compare: bool, rounds: int
 ) -> None:
     parse = bench_parse()
+    bench_render()
     child, hostports = start_servers(max(fixed_count, adaptive_count))
     try:
         await bench_clients(*hostports[0])
-        fixed = await run_manager(
-            hostports[:fixed_count], cpu_budget=0.0, warmup=1.0, seconds=seconds
-        )
-        report_fixed(fixed_count, fixed, parse)
+        for _ in range(rounds):  # alternated: the machine drifts
+            for name_filter in (True, False):
+                fixed = await run_manager(
+                    hostports[:fixed_count], cpu_budget=0.0, warmup=1.0, seconds=seconds,
+                    name_filter=name_filter,
+                )  # fmt: skip
+                what = "name[] filter" if name_filter else "whole page"
+                report_fixed(fixed_count, fixed, parse, what)
         if compare:
             former = await run_aiohttp(hostports[:fixed_count], warmup=1.0, seconds=seconds)
             report_aiohttp(fixed_count, former, fixed["cpu_per_scrape"])
@@ -296,12 +376,17 @@ def main() -> None:
     parser.add_argument("--fixed", type=int, default=20, help="endpoints at a fixed 50 ms")
     parser.add_argument("--adaptive", type=int, default=100, help="endpoints under the budget")
     parser.add_argument("--no-aiohttp", action="store_true", help="skip the aiohttp comparison")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of filter/whole")
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(args.serve))
         return
     seconds = 2.0 if args.quick else 6.0
-    asyncio.run(bench_scrape(args.fixed, args.adaptive, seconds, compare=not args.no_aiohttp))
+    asyncio.run(
+        bench_scrape(
+            args.fixed, args.adaptive, seconds, compare=not args.no_aiohttp, rounds=args.rounds
+        )
+    )
 
 
 if __name__ == "__main__":

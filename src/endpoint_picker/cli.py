@@ -318,6 +318,15 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="CORES",
         help="share of a core scraping may use; the interval stretches to fit (0: never)",
     )
+    p.add_argument(
+        "--metrics-name-filter",
+        type=BOOL,
+        default=d.scrape.name_filter,
+        metavar="BOOL",
+        help="scrape /metrics?name[]=... for only the metrics the scheduler reads (servers "
+        "built on prometheus_client, such as vLLM and SGLang, then render a page of about 2 KB "
+        "instead of about 64); an endpoint whose filtered page lacks them gets the whole page",
+    )
     for flag, what in (
         ("--total-queued-requests-metric", "waiting-queue"),
         ("--total-running-requests-metric", "running-requests"),
@@ -484,6 +493,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             timeout=args.metrics_scrape_timeout,
             staleness_threshold=args.metrics_staleness_threshold,
             cpu_budget=args.metrics_cpu_budget,
+            name_filter=args.metrics_name_filter,
             metric_overrides=_metric_overrides(args),
         ),
         logging=LoggingSettings(format=args.log_format, level=args.log_level),

@@ -197,6 +197,9 @@ class ScrapeSettings:
     # within it (0 disables stretching).
     cpu_budget: float = 0.5
     staleness_threshold: float = 2.0
+    # Ask only for the families the engine's fields read (`/metrics?name[]=...`, which
+    # prometheus_client servers such as vLLM and SGLang honour); the whole page where that fails.
+    name_filter: bool = True
     engine_label: str = "inference.networking.k8s.io/engine-type"
     default_engine: str = "vllm"
     # metric name overrides, e.g. {"vllm": {"queue": "my_queue_metric"}}

@@ -7,6 +7,8 @@ simulator's own (how late its step loop runs) and never collide with vLLM's name
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from endpoint_picker_sim.config import EngineConfig
 from endpoint_picker_sim.engine import Engine
 from endpoint_picker_sim.stats import (
@@ -16,6 +18,29 @@ from endpoint_picker_sim.stats import (
     TTFT_BUCKETS,
     Histogram,
 )
+
+
+def restrict(text: str, names: Collection[str]) -> str:
+    """``text`` with only the samples named in ``names``, as prometheus_client's
+    ``/metrics?name[]=...`` gives them (vLLM's and SGLang's servers): a family keeps its
+    ``# HELP`` and ``# TYPE`` lines when at least one of its samples is kept, a histogram's
+    samples are named ``..._bucket``, ``..._sum`` and ``..._count``."""
+    wanted = frozenset(names)
+    out: list[str] = []
+    header: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("#"):
+            if line.startswith("# HELP "):
+                header = [line]
+            else:
+                header.append(line)
+            continue
+        end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=len(line))
+        if line[:end] in wanted:
+            out.extend(header)
+            header = []
+            out.append(line)
+    return "".join(out)
 
 
 def _esc(value: str) -> str:

@@ -22,7 +22,7 @@ from endpoint_picker_sim.api import ApiError, Prompt
 from endpoint_picker_sim.clock import Clock, ScaledClock
 from endpoint_picker_sim.config import ServerConfig
 from endpoint_picker_sim.engine import Engine
-from endpoint_picker_sim.metrics import MetricsRenderer
+from endpoint_picker_sim.metrics import MetricsRenderer, restrict
 from endpoint_picker_sim.request import SimRequest
 from endpoint_picker_sim.tokenizer import generate_text, tokenize_ids, tokenize_text
 
@@ -302,5 +302,7 @@ class SimServer:
             await asyncio.sleep(faults.metrics_delay_ms / 1000.0)
         if faults.metrics_failure_rate and self.rng.random() < faults.metrics_failure_rate:
             return web.Response(status=500, text="Simulated metrics failure.")
-        body = self.renderer.render(self.engine).encode()
-        return web.Response(body=body, headers={"Content-Type": _METRICS_TYPE})
+        text = self.renderer.render(self.engine)
+        if names := request.query.getall("name[]", []):  # as prometheus_client honours it
+            text = restrict(text, names)
+        return web.Response(body=text.encode(), headers={"Content-Type": _METRICS_TYPE})

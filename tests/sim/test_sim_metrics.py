@@ -146,3 +146,46 @@ async def test_second_identical_prompt_is_served_faster(http: aiohttp.ClientSess
         m = await scrape(http, sim)
     assert second < first / 3
     assert value(m, "vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total") >= 7984
+
+
+def _blocks(text: str) -> set[str]:
+    """The families of an exposition, each from its ``# HELP`` line (prometheus_client's
+    restricted registry renders them in no fixed order)."""
+    return {"# HELP " + block for block in text.split("# HELP ") if block}
+
+
+def test_restrict_matches_prometheus_client() -> None:
+    """The simulator's ``name[]`` filter gives what prometheus_client's restricted registry
+    gives for the same families: gauges, a counter's ``_total`` and a histogram's samples."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    from endpoint_picker_sim.metrics import restrict
+
+    registry = CollectorRegistry()
+    Gauge("vllm:num_requests_waiting", "Waiting.", ["model_name"], registry=registry).labels(
+        MODEL
+    ).set(3)
+    Gauge("vllm:num_requests_running", "Running.", registry=registry).set(5)
+    Counter("vllm:prompt_tokens", "Prompt tokens.", registry=registry).inc(7)
+    Histogram("vllm:e2e", "E2E.", buckets=(0.5, 1.0), registry=registry).observe(0.7)
+    whole = generate_latest(registry).decode()
+    for names in (
+        ["vllm:num_requests_waiting"],
+        ["vllm:num_requests_waiting", "vllm:prompt_tokens_total", "vllm:e2e_bucket"],
+        ["vllm:e2e", "vllm:e2e_count", "vllm:nothing"],
+        [],
+    ):
+        expected = generate_latest(registry.restricted_registry(names)).decode()
+        assert _blocks(restrict(whole, names)) == _blocks(expected), names
+
+
+async def test_metrics_honour_the_name_filter(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    """``/metrics?name[]=...`` (what the EPP asks) returns those families only, as vLLM does."""
+    query = "name%5B%5D=vllm%3Anum_requests_waiting&name%5B%5D=vllm%3Acache_config_info"
+    async with http.get(f"{sim.url}/metrics?{query}") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert families == {"vllm:num_requests_waiting", "vllm:cache_config_info"}
+    whole = await scrape(http, sim)
+    assert len(whole) > 10

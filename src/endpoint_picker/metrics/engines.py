@@ -82,6 +82,13 @@ class EngineMetricNames:
     num_gpu_blocks: Specs = ()
     model_label: str = "model_name"
 
+    def metric_names(self) -> tuple[str, ...]:
+        """Every metric name the fields read, each once, in field order: what a scrape asks
+        the server for (``/metrics?name[]=...``)."""
+        specs = (self.queue, self.running, self.kv_usage, self.lora_info, self.cache_info,
+                 self.block_size, self.num_gpu_blocks)  # fmt: skip
+        return tuple(dict.fromkeys(spec.name for field_specs in specs for spec in field_specs))
+
 
 _LABEL_FIELDS = frozenset({"cache_block_size_label", "cache_num_blocks_label", "model_label"})
 FIELDS = tuple(f.name for f in fields(EngineMetricNames))

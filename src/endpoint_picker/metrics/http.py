@@ -55,6 +55,14 @@ class ScrapeError(EppError):
     """One scrape got no usable page: a bad status, too large, malformed, or cut short."""
 
 
+class HttpStatusError(ScrapeError):
+    """The server answered with a status other than 200."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
 class _ClosedBeforeResponse(ScrapeError):
     """The server closed the connection before sending any byte of the response."""
 
@@ -147,7 +155,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._headers_done = True
         status = self._parser.get_status_code()
         if status != 200:
-            raise self._stop(ScrapeError(f"HTTP {status}"))
+            raise self._stop(HttpStatusError(status))
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
@@ -192,19 +200,25 @@ class HttpClient:
         self._port = port
         self._timeout = timeout
         self._max_body = max_body
-        hostport = format_hostport(address, port)
-        self.url = f"http://{hostport}{path}"
+        self._hostport = format_hostport(address, port)
+        self.url = ""
+        self._request = b""
+        self.set_path(path)
+        self._connection: _Connection | None = None
+        self.connections = 0  # opened so far
+
+    def set_path(self, path: str) -> None:
+        """GET ``path`` (with its query, already percent-encoded) from the next request on."""
+        self.url = f"http://{self._hostport}{path}"
         self._request = (
             f"GET {path} HTTP/1.1\r\n"
-            f"Host: {hostport}\r\n"
+            f"Host: {self._hostport}\r\n"
             "User-Agent: endpoint-picker\r\n"
             "Accept: text/plain\r\n"
             "Accept-Encoding: identity\r\n"
             "Connection: keep-alive\r\n"
             "\r\n"
         ).encode("ascii")
-        self._connection: _Connection | None = None
-        self.connections = 0  # opened so far
 
     @property
     def connected(self) -> bool:

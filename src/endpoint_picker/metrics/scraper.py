@@ -11,6 +11,14 @@ slow scrape (a timeout) says nothing of the kind. Failures are logged once when 
 then at most every ``_LOG_EVERY`` seconds, and once on recovery. A task closes its connection
 when it ends.
 
+With ``name_filter`` (the default) a scrape asks only for the metrics the engine's fields read,
+``/metrics?name[]=vllm%3Anum_requests_waiting&...``: servers built on prometheus_client (vLLM,
+SGLang) then render and send about 2 KB instead of about 64, which spares their API process
+as much as the EPP. A server that ignores the query sends the whole page, which parses the
+same. One whose filtered page lacks a required metric, or which refuses the query with a 4xx,
+is asked for the whole page in the same scrape; if that one is good, the endpoint gets whole
+pages from then on (logged once).
+
 Tasks are spread over the interval (a random first delay) and run at a fixed rate; the interval
 is stretched by ``ScrapeBudget`` when the measured cost of scraping every endpoint at
 ``refresh_interval`` would exceed ``cpu_budget`` of one core.
@@ -25,14 +33,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from time import thread_time
+from urllib.parse import quote
 
 import structlog
 
 from endpoint_picker.errors import EppError
 from endpoint_picker.metrics.budget import Metered, ScrapeBudget
 from endpoint_picker.metrics.engines import EngineMetricNames, engine_names
-from endpoint_picker.metrics.http import HttpClient, ScrapeError
-from endpoint_picker.metrics.parser import Hints, parse_metrics
+from endpoint_picker.metrics.http import HttpClient, HttpStatusError, ScrapeError
+from endpoint_picker.metrics.parser import Hints, MetricsParseError, parse_metrics
 from endpoint_picker.settings import ScrapeSettings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
@@ -57,6 +66,21 @@ def is_unreachable(exc: BaseException) -> bool:
     return False
 
 
+def filtered_path(names: EngineMetricNames) -> str:
+    """``/metrics`` asking for only the metrics ``names`` reads (prometheus_client's
+    ``name[]`` query parameter, repeated), or plain ``/metrics`` when it reads none."""
+    query = "&".join(f"name%5B%5D={quote(name, safe='')}" for name in names.metric_names())
+    return f"{METRICS_PATH}?{query}" if query else METRICS_PATH
+
+
+def _blames_filter(exc: BaseException) -> bool:
+    """Whether a failed filtered scrape may be the filter's doing: the page lacked a required
+    metric (a server whose prometheus_client filters too much) or the query was refused."""
+    if isinstance(exc, MetricsParseError):
+        return True
+    return isinstance(exc, HttpStatusError) and 400 <= exc.status < 500
+
+
 __all__ = [
     "DEFAULT_CPU_BUDGET",
     "METRICS_PATH",
@@ -64,6 +88,7 @@ __all__ = [
     "OnUnreachable",
     "ScrapeError",
     "ScrapeManager",
+    "filtered_path",
     "is_unreachable",
 ]
 
@@ -75,6 +100,7 @@ class _Target:
     endpoint: Endpoint
     names: EngineMetricNames
     client: HttpClient
+    filtered: bool  # asking for the engine's metrics only (``filtered_path``)
     task: asyncio.Task[None] | None = None
     hints: Hints = field(default_factory=dict)  # where each family sat on the last page
     failures: int = 0  # consecutive
@@ -157,10 +183,12 @@ class ScrapeManager:
                 del self._targets[hostport]
         for hostport, endpoint in self._wanted.items():
             if hostport not in self._targets:
+                names = self._names_for(endpoint)
+                path = filtered_path(names) if self._settings.name_filter else METRICS_PATH
                 client = HttpClient(
-                    endpoint.address, endpoint.port, METRICS_PATH, timeout=self._settings.timeout
+                    endpoint.address, endpoint.port, path, timeout=self._settings.timeout
                 )
-                target = _Target(endpoint, self._names_for(endpoint), client)
+                target = _Target(endpoint, names, client, filtered=path != METRICS_PATH)
                 target.task = asyncio.get_running_loop().create_task(
                     self._run(target), name=f"scrape {hostport}"
                 )
@@ -203,14 +231,14 @@ class ScrapeManager:
             target.client.close()
 
     async def _scrape_once(self, target: _Target) -> None:
-        metered = Metered(target.client.get())
         try:
-            body = await metered
-            parse_started = thread_time()
-            snapshot = parse_metrics(body, target.names, self._clock(), target.hints)
-            self.budget.record(metered.cpu + thread_time() - parse_started)
+            try:
+                snapshot = await self._fetch(target)
+            except EppError as exc:
+                if not (target.filtered and _blames_filter(exc)):
+                    raise
+                snapshot = await self._fetch_whole_page(target, exc)
         except (OSError, TimeoutError, EppError) as exc:  # refused/reset, timeout, bad page
-            self.budget.record(metered.cpu)
             self._failed(target, exc)
             if self._on_unreachable is not None and is_unreachable(exc):
                 self._on_unreachable(target.endpoint.hostport, f"scrape: {type(exc).__name__}")
@@ -229,6 +257,38 @@ class ScrapeManager:
             )
             target.failures = target.failures_since_log = 0
             target.last_logged = float("-inf")
+
+    async def _fetch(self, target: _Target) -> MetricsSnapshot:
+        """One GET and parse, its CPU recorded in the budget whatever the outcome."""
+        metered = Metered(target.client.get())
+        try:
+            body = await metered
+        except BaseException:
+            self.budget.record(metered.cpu)
+            raise
+        parse_started = thread_time()
+        try:
+            return parse_metrics(body, target.names, self._clock(), target.hints)
+        finally:
+            self.budget.record(metered.cpu + thread_time() - parse_started)
+
+    async def _fetch_whole_page(self, target: _Target, filtered_error: EppError) -> MetricsSnapshot:
+        """The filtered page failed in a way the filter may cause: try the whole page. If it
+        is good, keep asking for whole pages; if not, the filter was not at fault."""
+        target.client.set_path(METRICS_PATH)
+        try:
+            snapshot = await self._fetch(target)
+        except BaseException:
+            target.client.set_path(filtered_path(target.names))
+            raise
+        target.filtered = False
+        target.hints.clear()  # the offsets of the filtered page
+        self._log.info(
+            "filtered metrics page unusable, scraping the whole page from now on",
+            endpoint=target.endpoint.hostport,
+            error=str(filtered_error),
+        )
+        return snapshot
 
     def _failed(self, target: _Target, exc: Exception, *, unexpected: bool = False) -> None:
         """Count a failure; log it if it starts a run of failures or the last log is old."""

@@ -75,6 +75,9 @@ class MetricsServer:
         self.hits = 0
         self.peers: list[int] = []
         self.headers: dict[str, str] = {}
+        self.queries: list[str] = []  # each request's raw query string
+        # What a request with a query (a name[] filter) gets instead: (body, status).
+        self.filtered: tuple[bytes, int] | None = None
         self.port = 0
         self._release = asyncio.Event()  # ends every delay at once (stop)
         self._handlers: set[asyncio.Task[object]] = set()
@@ -86,7 +89,10 @@ class MetricsServer:
         peer = request.transport.get_extra_info("peername") if request.transport else None
         self.peers.append(peer[1] if peer else -1)
         self.headers = dict(request.headers)
+        self.queries.append(request.query_string)
         body, status = self.body, self.status  # as when asked: a late answer is the old page
+        if request.query_string and self.filtered is not None:
+            body, status = self.filtered
         if self.delay:
             task = asyncio.current_task()
             assert task is not None
