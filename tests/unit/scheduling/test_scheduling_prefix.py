@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -340,3 +341,20 @@ def test_session_memory_is_bounded() -> None:
         scorer.on_routed(Routed(with_headers({"x-session-id": session}), a.hostport))
     assert scorer.score(with_headers({"x-session-id": "s1"}), [a]) == [0.0]
     assert scorer.score(with_headers({"x-session-id": "s3"}), [a]) == [1.0]
+
+
+def test_prefix_lru_capacity_follows_the_routed_endpoints_kv_cache() -> None:
+    """An endpoint reporting its KV cache (num_gpu_blocks x block_size tokens) gets an LRU of
+    that many prefix blocks; one reporting nothing keeps ``lruCapacityPerServer``."""
+    scorer = PrefixCacheScorer(block_tokens=4, max_blocks=64, lru_capacity=1000, placement=False)
+    small = endpoint()
+    small = dataclasses.replace(  # 8 tokens of KV cache: 2 blocks of 4 tokens
+        small, metrics=dataclasses.replace(small.metrics, num_gpu_blocks=2, block_size=4)
+    )
+    unknown = endpoint()
+    for i in range(3):
+        for target in (small, unknown):
+            request = completion(f"{i}" * 64, rid=f"{target.hostport}-{i}")  # 4 blocks each
+            scorer.score(request, [small, unknown])
+            scorer.on_routed(Routed(request, target.hostport))
+    assert scorer.index.size == 2 + 12

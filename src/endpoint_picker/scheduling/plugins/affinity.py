@@ -194,6 +194,7 @@ class PrefixCacheScorer:
 
     __slots__ = (
         "_block_chars",
+        "_candidates",
         "_capacity",
         "_fallback",
         "_index",
@@ -218,6 +219,7 @@ class PrefixCacheScorer:
         self._fallback = lru_capacity
         self._index = PrefixIndex()
         self._capacity: dict[str, int] = {}  # per endpoint, from its metrics
+        self._candidates: Sequence[EndpointState] = ()  # of the last request scored
         self._pending: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         if observer is not None:
             index = self._index
@@ -249,11 +251,9 @@ class PrefixCacheScorer:
             self._pending[request.request_id] = hashes
             if len(self._pending) > _PENDING_LIMIT:
                 self._pending.popitem(last=False)
-        for e in endpoints:
-            m = e.metrics
-            if m.num_gpu_blocks and m.block_size:
-                tokens = m.num_gpu_blocks * m.block_size
-                self._capacity[e.hostport] = max(1, tokens * CHARS_PER_TOKEN // self._block_chars)
+        # Only the routed endpoint's capacity is needed (on_routed): keep the candidates, not
+        # a pass over every endpoint's metrics per pick (a large pool's hottest line).
+        self._candidates = endpoints
         if not hashes:
             return [0.0] * len(endpoints)
         total = len(hashes)
@@ -272,8 +272,19 @@ class PrefixCacheScorer:
         if hashes is None:
             hashes = self.hashes(event.request)
         if hashes:
-            capacity = self._capacity.get(event.endpoint, self._fallback)
-            self._index.insert(event.endpoint, hashes, capacity)
+            self._index.insert(event.endpoint, hashes, self._capacity_of(event.endpoint))
+
+    def _capacity_of(self, hostport: str) -> int:
+        """The endpoint's LRU capacity in blocks: from the metrics it last reported among the
+        candidates last scored (it was routed from them), else as known, else the fallback."""
+        for e in self._candidates:
+            if e.hostport == hostport:
+                m = e.metrics
+                if m.num_gpu_blocks and m.block_size:
+                    tokens = m.num_gpu_blocks * m.block_size
+                    self._capacity[hostport] = max(1, tokens * CHARS_PER_TOKEN // self._block_chars)
+                break
+        return self._capacity.get(hostport, self._fallback)
 
     def on_finished(self, event: Finished) -> None:
         self._pending.pop(event.request_id, None)
