@@ -131,20 +131,25 @@ class PrefixIndex:
     def match(self, hashes: Sequence[int], endpoints: Sequence[str]) -> list[int]:
         """For each endpoint, how many of ``hashes`` it holds as a leading run."""
         matched = dict.fromkeys(endpoints, 0)
-        remaining = set(matched)
         holders = self._holders
-        for i, h in enumerate(hashes):
-            owners = holders.get(h)
+        first = holders.get(hashes[0]) if hashes else None
+        if not first:
+            return [0] * len(endpoints)
+        # Walk from the first block's holders among the candidates: work in proportion to the
+        # endpoints holding the prefix, not to the pool (every other endpoint matched 0).
+        remaining = {e for e in first if e in matched}
+        for i in range(1, len(hashes)):
+            if not remaining:
+                break
+            owners = holders.get(hashes[i])
             still = remaining & owners if owners else set()
             for gone in remaining - still:
                 matched[gone] = i
             remaining = still
-            if not remaining:
-                break
         else:
             for endpoint in remaining:
                 matched[endpoint] = len(hashes)
-        return [matched[e] for e in endpoints]
+        return list(map(matched.__getitem__, endpoints))
 
     def purge(self, keep: frozenset[str]) -> None:
         """Forget every endpoint not in ``keep`` (it left the pool)."""
