@@ -1,4 +1,4 @@
-"""Benchmark: one full default scheduling cycle over 16 and 256 endpoints.
+"""Benchmark: one full default scheduling cycle over 16 and 256 endpoints (``--sizes``).
 
 Run: ``.venv/bin/python benchmarks/bench_scheduling.py`` (a benchmark, not a test).
 Prints median and p99 microseconds per ``Scheduler.schedule`` call (metrics fresh, debug logs
@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--fallbacks", type=int, default=0, help="max fallback endpoints")
     parser.add_argument("--observer", action="store_true", help="time every plugin")
     parser.add_argument("--record", action="store_true", help="keep recent decisions")
+    parser.add_argument("--sizes", default="16,256", help="pool sizes, comma-separated")
     args = parser.parse_args()
     # Production logs at info: the debug branch must cost nothing.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
@@ -112,7 +113,7 @@ def main() -> None:
         f"record={args.record}, {args.iterations} cycles"
     )
     print(f"{'endpoints':>9}  {'median us':>9}  {'p99 us':>7}  {'saturation (worst) us':>21}")
-    for n in (16, 256):
+    for n in (int(size) for size in args.sizes.split(",")):
         median, p99, sat = measure(n, args.iterations, args.fallbacks, args.observer, args.record)
         print(f"{n:>9}  {median:>9.1f}  {p99:>7.1f}  {sat:>21.2f}")
 
