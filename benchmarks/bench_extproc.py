@@ -60,6 +60,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def filtered_metrics_page() -> str:
+    """The fixture as vLLM answers ``/metrics?name[]=...`` for the EPP's default names."""
+    from endpoint_picker.metrics.engines import BUILTIN_ENGINES
+    from endpoint_picker_sim.metrics import restrict
+
+    return restrict(METRICS_PAGE.read_text(), BUILTIN_ENGINES["vllm"].metric_names())
+
+
 def backend_config(endpoints: list[str], admin_port: int) -> str:
     route_config = {
         "name": "backend",
@@ -69,6 +77,19 @@ def backend_config(endpoints: list[str], admin_port: int) -> str:
                 "name": "all",
                 "domains": ["*"],
                 "routes": [
+                    *(  # what the EPP asks for by default: vLLM (prometheus_client) filters
+                        {
+                            "match": {
+                                "path": "/metrics",
+                                "query_parameters": [{"name": key, "present_match": True}],
+                            },
+                            "direct_response": {
+                                "status": 200,
+                                "body": {"inline_string": filtered_metrics_page()},
+                            },
+                        }
+                        for key in ("name%5B%5D", "name[]")  # as sent, or decoded
+                    ),
                     {
                         "match": {"path": "/metrics"},
                         "direct_response": {
