@@ -69,6 +69,7 @@ def filtered_metrics_page() -> str:
 
 
 def backend_config(endpoints: list[str], admin_port: int) -> str:
+    filtered = filtered_metrics_page()
     route_config = {
         "name": "backend",
         "max_direct_response_body_size_bytes": 1 << 20,
@@ -83,10 +84,7 @@ def backend_config(endpoints: list[str], admin_port: int) -> str:
                                 "path": "/metrics",
                                 "query_parameters": [{"name": key, "present_match": True}],
                             },
-                            "direct_response": {
-                                "status": 200,
-                                "body": {"inline_string": filtered_metrics_page()},
-                            },
+                            "direct_response": {"status": 200, "body": {"inline_string": filtered}},
                         }
                         for key in ("name%5B%5D", "name[]")  # as sent, or decoded
                     ),
