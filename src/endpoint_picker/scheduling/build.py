@@ -26,8 +26,10 @@ from endpoint_picker.scheduling.config import (
     parse_config,
 )
 from endpoint_picker.scheduling.framework import (
+    CandidateHints,
     CycleRecord,
     Filter,
+    HintedFilter,
     Picker,
     PluginRef,
     ProfileHandler,
@@ -326,6 +328,10 @@ def _build_profile(
         if not isinstance(picker, Picker):
             raise ConfigError(f'"{DEFAULT_PICKER}" is not a picker', "<default>")
         pickers.append((PluginRef(DEFAULT_PICKER, DEFAULT_PICKER, picker), picker))
+    hinters = [s.scorer for s in scorers if s.weight > 0 and isinstance(s.scorer, CandidateHints)]
+    for _, flt in filters:
+        if isinstance(flt, HintedFilter):
+            flt.use_hints(hinters)
     return SchedulerProfile(spec.name, filters, scorers, pickers[0], observer=observer, debug=debug)
 
 

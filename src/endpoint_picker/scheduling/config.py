@@ -87,6 +87,7 @@ DEFAULT_CONFIG_YAML = f"""\
 apiVersion: {API_VERSION}
 kind: {KIND}
 plugins:
+- type: candidate-sampler
 - type: stale-metrics-filter
 - type: bounded-load-filter
   parameters:
@@ -103,6 +104,7 @@ plugins:
 schedulingProfiles:
 - name: default
   plugins:
+  - pluginRef: candidate-sampler
   - pluginRef: stale-metrics-filter
   - pluginRef: bounded-load-filter
   - pluginRef: prefix-cache-scorer

@@ -17,7 +17,7 @@ without a sink. Keeping the scores of every cycle of a busy pool slowed the cycl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -25,6 +25,7 @@ import structlog
 
 from endpoint_picker.errors import InternalError
 from endpoint_picker.requests import LLMRequest
+from endpoint_picker.scheduling.placement import PlacementRing
 from endpoint_picker.types import EndpointState
 
 log = structlog.get_logger(__name__)
@@ -58,6 +59,26 @@ class Picker(Protocol):
     def pick(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], scores: Sequence[float]
     ) -> Sequence[EndpointState]: ...
+
+
+@runtime_checkable
+class CandidateHints(Protocol):
+    """A scorer that can name the endpoints it favours for a request without looking at the
+    pool, so that a sampled pool (``candidate-sampler``) keeps them among its candidates.
+
+    ``ring`` places keys nobody holds yet (a new prefix, a new session): the scorer then
+    prefers the first of the ring's endpoints that survives the filters, which is the same
+    endpoint on every replica.
+    """
+
+    def preferred(self, request: LLMRequest, ring: PlacementRing) -> Iterable[str]: ...
+
+
+@runtime_checkable
+class HintedFilter(Protocol):
+    """A filter that asks the scorers of its profile which endpoints they favour."""
+
+    def use_hints(self, hinters: Iterable[CandidateHints]) -> None: ...
 
 
 class SchedulerObserver(Protocol):

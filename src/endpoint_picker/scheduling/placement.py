@@ -19,11 +19,13 @@ Hashes are stable across processes (BLAKE2b and a fixed integer mix, never Pytho
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Sequence
 
 _MASK = (1 << 64) - 1
 _SEEDS_LIMIT = 65_536  # endpoints whose seed is cached (far more than any pool)
+RING_CHOICES = 4  # endpoints of a key's place on the ring a sampled pool keeps, in walk order
 
 
 def stable_hash(text: str) -> int:
@@ -64,3 +66,79 @@ class Placement:
             if weight > best_weight:
                 best, best_weight = i, weight
         return best
+
+
+class PlacementRing:
+    """A consistent-hash ring over a pool's endpoints, for pools too large to weigh every
+    endpoint per request (``candidate-sampler``): ``walk(key, n)`` names the first ``n``
+    distinct endpoints clockwise from ``key`` in O(log pool + n), the same on every replica.
+
+    Each endpoint sits at ``points`` positions (``mix(seed ^ i)``), which evens out the share
+    of keys each owns. The ring follows the pool incrementally (an endpoint joining or leaving
+    inserts or removes its own points), and is built only when first walked.
+    """
+
+    __slots__ = ("_built", "_hostports", "_points", "_positions")
+
+    def __init__(self, points: int = 32) -> None:
+        self._points = points
+        self._hostports: frozenset[str] = frozenset()
+        self._positions: list[tuple[int, str]] = []  # sorted
+        self._built = False
+
+    def __len__(self) -> int:
+        return len(self._hostports)
+
+    def _points_of(self, hostport: str) -> list[tuple[int, str]]:
+        seed = stable_hash(hostport)
+        return [(_mix(seed ^ i), hostport) for i in range(self._points)]
+
+    def update(self, hostports: frozenset[str]) -> None:
+        """Follow the pool: ``hostports`` are its endpoints now."""
+        old, self._hostports = self._hostports, hostports
+        if not self._built:
+            return
+        gone, new = old - hostports, hostports - old
+        if len(gone) + len(new) > len(hostports) // 4:  # cheaper to start over
+            self._built = False
+            self._positions = []
+            return
+        positions = self._positions
+        for hostport in gone:
+            for point in self._points_of(hostport):
+                i = bisect.bisect_left(positions, point)
+                if i < len(positions) and positions[i] == point:
+                    del positions[i]
+        for hostport in new:
+            for point in self._points_of(hostport):
+                bisect.insort(positions, point)
+
+    def walk(self, key: int, count: int) -> list[str]:
+        """Up to ``count`` distinct endpoints, clockwise from ``key``'s place on the ring."""
+        if not self._built:
+            self._positions = sorted(p for h in self._hostports for p in self._points_of(h))
+            self._built = True
+        positions = self._positions
+        size = len(positions)
+        if not size:
+            return []
+        wanted = min(count, len(self._hostports))
+        start = bisect.bisect_left(positions, (key & _MASK,))
+        out: list[str] = []
+        for step in range(size):
+            hostport = positions[(start + step) % size][1]
+            if hostport not in out:
+                out.append(hostport)
+                if len(out) == wanted:
+                    break
+        return out
+
+
+def first_present(order: Sequence[str], hostports: Sequence[str]) -> int | None:
+    """The index in ``hostports`` of the first of ``order`` (a ring walk) found there."""
+    where = {hostport: i for i, hostport in enumerate(hostports)}
+    for hostport in order:
+        i = where.get(hostport)
+        if i is not None:
+            return i
+    return None

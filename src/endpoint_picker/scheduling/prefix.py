@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from hashlib import blake2b
+from random import Random
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
@@ -29,6 +30,7 @@ from endpoint_picker.requests import Api, LLMRequest
 CHARS_PER_TOKEN = 4
 _ROLE_END = "\x1f"
 _MESSAGE_END = "\x1e"
+_WIDE_STEPS = 8  # blocks walked with every holder before ``leading_holders`` samples them
 
 
 def _content_text(content: Any) -> str:
@@ -150,6 +152,28 @@ class PrefixIndex:
             for endpoint in remaining:
                 matched[endpoint] = len(hashes)
         return list(map(matched.__getitem__, endpoints))
+
+    def leading_holders(self, hashes: Sequence[int], limit: int, rng: Random) -> set[str]:
+        """At most ``limit`` endpoints holding the longest leading run of ``hashes`` found.
+
+        For a sampled pool (``candidate-sampler``), so it never costs a pass over the pool:
+        when more than ``limit`` endpoints still hold the run after ``_WIDE_STEPS`` blocks, a
+        random ``limit`` of them walk on (every one of them is a good home)."""
+        holders = self._holders
+        remaining = holders.get(hashes[0]) if hashes else None
+        if not remaining:
+            return set()
+        for depth in range(1, len(hashes)):
+            if depth >= _WIDE_STEPS and len(remaining) > limit:
+                remaining = set(rng.sample(list(remaining), limit))
+            owners = holders.get(hashes[depth])
+            still = remaining & owners if owners else None
+            if not still:
+                break
+            remaining = still
+        if len(remaining) > limit:
+            return set(rng.sample(list(remaining), limit))
+        return set(remaining)
 
     def purge(self, keep: frozenset[str]) -> None:
         """Forget every endpoint not in ``keep`` (it left the pool)."""

@@ -24,6 +24,7 @@ EXAMPLE_TEXTS = {
 }
 # Each built-in plugin type with the parameters it reads.
 PARAMETERS = {
+    "candidate-sampler": ["threshold", "size"],
     "stale-metrics-filter": ["stalenessThreshold"],
     "bounded-load-filter": ["factor", "slack", "smoothing", "burstFactor"],
     "prefix-cache-scorer": ["blockSizeTokens", "maxPrefixBlocksToMatch", "lruCapacityPerServer"],

@@ -41,7 +41,8 @@ BAD_CONFIGS = [
     (
         cfg("plugins:\n- type: queue-scorer\n- type: foo\n"),
         "plugins[1].type",
-        'unknown plugin type "foo" (known: bounded-load-filter, inflight-load-scorer,',
+        'unknown plugin type "foo" (known: bounded-load-filter, candidate-sampler, '
+        "inflight-load-scorer,",
     ),
     (
         cfg("plugins:\n- type: queue-scorer\n- type: queue-scorer\n"),
@@ -227,10 +228,11 @@ def test_weight_error_reads_like_the_docs() -> None:
 
 
 def test_no_file_gives_the_default_profile() -> None:
-    """Without a file: stale and load filters, prefix x8 and the tie-breakers, picker, detector."""
+    """Without a file: sampler, stale and load filters, prefix x8 and the tie-breakers, picker,
+    detector."""
     assert load_config(None) == default_config()
     summary = describe(None)
-    assert "filters: stale-metrics-filter, bounded-load-filter" in summary
+    assert "filters: candidate-sampler, stale-metrics-filter, bounded-load-filter" in summary
     assert (
         "scorers: prefix-cache-scorer (weight 8), session-affinity-scorer (weight 2), "
         "inflight-load-scorer (weight 1), queue-scorer (weight 1), "

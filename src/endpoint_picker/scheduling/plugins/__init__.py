@@ -14,6 +14,7 @@ from endpoint_picker.scheduling.plugins.pickers import (
     RandomPicker,
     WeightedRandomPicker,
 )
+from endpoint_picker.scheduling.plugins.sampling import CandidateSampler
 from endpoint_picker.scheduling.plugins.scorers import (
     KVCacheUtilizationScorer,
     LoraAffinityScorer,
@@ -27,6 +28,7 @@ from endpoint_picker.scheduling.saturation import UtilizationDetector
 
 __all__ = [
     "BoundedLoadFilter",
+    "CandidateSampler",
     "InFlightLoadScorer",
     "KVCacheUtilizationScorer",
     "LoraAffinityScorer",
@@ -59,6 +61,7 @@ def register_builtins(registry: PluginRegistry) -> None:
     registry.register("utilization-detector", UtilizationDetector.from_params)
     registry.register("single-profile-handler", SingleProfileHandler.from_params)
     registry.register("bounded-load-filter", BoundedLoadFilter.from_params)
+    registry.register("candidate-sampler", CandidateSampler.from_params)
     registry.register("inflight-load-scorer", InFlightLoadScorer.from_params)
     registry.register("prefix-cache-scorer", PrefixCacheScorer.from_params)
     registry.register("session-affinity-scorer", SessionAffinityScorer.from_params)

@@ -11,13 +11,20 @@ is full, the request lands elsewhere and that endpoint becomes a second home for
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
-from endpoint_picker.scheduling.placement import Placement
+from endpoint_picker.scheduling.placement import (
+    RING_CHOICES,
+    Placement,
+    PlacementRing,
+    first_present,
+)
 from endpoint_picker.scheduling.prefix import (
     CHARS_PER_TOKEN,
     PrefixIndex,
@@ -29,6 +36,15 @@ from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
 
 _PENDING_LIMIT = 10_000  # requests scored but not yet routed or finished (hashes kept for them)
+_HINTED_HOLDERS = 16  # holders of a prefix a sampled pool keeps among its candidates
+_V = TypeVar("_V")
+
+
+def _remember(table: OrderedDict[str, _V], request_id: str, value: _V) -> None:
+    """Keep ``value`` for a request until it is used, the oldest dropped past the limit."""
+    table[request_id] = value
+    if len(table) > _PENDING_LIMIT:
+        table.popitem(last=False)
 
 
 def endpoint_loads(endpoints: Sequence[EndpointState], inflight: InFlight) -> list[int]:
@@ -201,7 +217,9 @@ class PrefixCacheScorer:
         "_max_blocks",
         "_observer",
         "_pending",
+        "_placed",
         "_placement",
+        "_rng",
     )
 
     def __init__(
@@ -211,8 +229,11 @@ class PrefixCacheScorer:
         lru_capacity: int,
         observer: PrefixObserver | None = None,
         placement: bool = True,
+        *,
+        rng: random.Random | None = None,
     ) -> None:
         self._observer = observer
+        self._rng = rng if rng is not None else random.Random()
         self._placement = Placement() if placement else None
         self._block_chars = block_tokens * CHARS_PER_TOKEN
         self._max_blocks = max_blocks
@@ -221,6 +242,8 @@ class PrefixCacheScorer:
         self._capacity: dict[str, int] = {}  # per endpoint, from its metrics
         self._candidates: Sequence[EndpointState] = ()  # of the last request scored
         self._pending: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # requests of a sampled pool: their prefix's place on the ring (see ``preferred``)
+        self._placed: OrderedDict[str, list[str]] = OrderedDict()
         if observer is not None:
             index = self._index
             observer.track_prefix_index(lambda: float(index.size))
@@ -233,6 +256,7 @@ class PrefixCacheScorer:
             params.integer("lruCapacityPerServer", 31_250, minimum=1),
             ctx.observer if isinstance(ctx.observer, PrefixObserver) else None,
             params.boolean("deterministicPlacement", True),
+            rng=ctx.rng,
         )
 
     @property
@@ -244,13 +268,30 @@ class PrefixCacheScorer:
         text = prompt_prefix_text(request, limit)
         return block_hashes(request.target_model, text, self._block_chars, self._max_blocks)
 
-    def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+    def _hashes_of(self, request: LLMRequest) -> tuple[int, ...]:
+        """The request's block hashes, computed once per request (kept until it is routed)."""
         hashes = self._pending.get(request.request_id)
         if hashes is None:
             hashes = self.hashes(request)
-            self._pending[request.request_id] = hashes
-            if len(self._pending) > _PENDING_LIMIT:
-                self._pending.popitem(last=False)
+            _remember(self._pending, request.request_id, hashes)
+        return hashes
+
+    def preferred(self, request: LLMRequest, ring: PlacementRing) -> Iterable[str]:
+        """For a sampled pool: some of the endpoints holding the longest run of the prompt's
+        blocks, and the first endpoints of the prefix's place on ``ring`` (placement)."""
+        hashes = self._hashes_of(request)
+        if not hashes:
+            return ()
+        preferred = self._index.leading_holders(hashes, _HINTED_HOLDERS, self._rng)
+        if self._placement is not None:
+            order = ring.walk(hashes[0], RING_CHOICES)
+            _remember(self._placed, request.request_id, order)
+            preferred.update(order)
+        return preferred
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+        hashes = self._hashes_of(request)
+        placed = self._placed.pop(request.request_id, None) if self._placed else None
         # Only the routed endpoint's capacity is needed (on_routed): keep the candidates, not
         # a pass over every endpoint's metrics per pick (a large pool's hottest line).
         self._candidates = endpoints
@@ -264,7 +305,15 @@ class PrefixCacheScorer:
         if self._observer is not None:
             self._observer.prefix_hit_ratio_observed(best)
         if best == 0.0 and self._placement is not None:
-            scores[self._placement.pick(hashes[0], hostports)] = 1.0
+            # A sampled pool places on the ring (over the whole pool, so replicas agree);
+            # a pool scored whole, by rendezvous over the candidates.
+            place = (
+                self._placement.pick(hashes[0], hostports)
+                if placed is None
+                else first_present(placed, hostports)
+            )
+            if place is not None:
+                scores[place] = 1.0
         return scores
 
     def on_routed(self, event: Routed) -> None:
@@ -288,6 +337,7 @@ class PrefixCacheScorer:
 
     def on_finished(self, event: Finished) -> None:
         self._pending.pop(event.request_id, None)
+        self._placed.pop(event.request_id, None)
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         self._index.purge(hostports)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 
 from endpoint_picker.requests import LLMRequest
+from endpoint_picker.scheduling.lifecycle import Finished, Routed
+from endpoint_picker.scheduling.placement import PlacementRing
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
+
+_RECENT_ENDPOINTS = 8  # per adapter, where its requests went lately
+_ADAPTERS_LIMIT = 10_000  # adapters remembered (and adapter requests awaiting their routing)
 
 
 def _min_max_inverted(values: Sequence[float]) -> list[float]:
@@ -71,9 +77,12 @@ class LoraAffinityScorer:
 
     A base-model request (its target model is some candidate's base model and no candidate's
     adapter) has nothing to load: every endpoint scores 1.0, so LoRA state never steers it.
+
+    For a sampled pool (``candidate-sampler``) it names the last ``_RECENT_ENDPOINTS``
+    endpoints an adapter's requests were routed to: they have it loaded, or had it lately.
     """
 
-    __slots__ = ("_free_slot", "_running", "_unknown", "_waiting")
+    __slots__ = ("_free_slot", "_recent", "_running", "_scored", "_unknown", "_waiting")
 
     def __init__(
         self,
@@ -86,15 +95,49 @@ class LoraAffinityScorer:
         self._free_slot = free_slot
         self._unknown = unknown
         self._waiting = waiting
+        # adapter -> the endpoints its requests went to lately (oldest first), and the
+        # adapter requests scored but not yet routed
+        self._recent: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
+        self._scored: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> LoraAffinityScorer:
         return cls()
 
+    def preferred(self, request: LLMRequest, ring: PlacementRing) -> Iterable[str]:
+        recent = self._recent.get(request.target_model)
+        return tuple(recent) if recent else ()
+
+    def on_routed(self, event: Routed) -> None:
+        adapter = self._scored.pop(event.request.request_id, None) if self._scored else None
+        if adapter is None:
+            return
+        recent = self._recent.get(adapter)
+        if recent is None:
+            recent = self._recent[adapter] = OrderedDict()
+            if len(self._recent) > _ADAPTERS_LIMIT:
+                self._recent.popitem(last=False)
+        recent[event.endpoint] = None
+        recent.move_to_end(event.endpoint)
+        if len(recent) > _RECENT_ENDPOINTS:
+            recent.popitem(last=False)
+
+    def on_finished(self, event: Finished) -> None:
+        if self._scored:
+            self._scored.pop(event.request_id, None)
+
+    def on_endpoints(self, hostports: frozenset[str]) -> None:
+        for recent in self._recent.values():
+            for gone in [h for h in recent if h not in hostports]:
+                del recent[gone]
+
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         adapter = request.target_model
         if _is_base_model(adapter, endpoints):
             return [self._running] * len(endpoints)
+        self._scored[request.request_id] = adapter  # where it goes is remembered (preferred)
+        if len(self._scored) > _ADAPTERS_LIMIT:
+            self._scored.popitem(last=False)
         running, free_slot, unknown, waiting = (
             self._running,
             self._free_slot,

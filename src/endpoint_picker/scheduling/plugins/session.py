@@ -20,15 +20,22 @@ from __future__ import annotations
 import base64
 import binascii
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, Routed
-from endpoint_picker.scheduling.placement import Placement, stable_hash
+from endpoint_picker.scheduling.placement import (
+    RING_CHOICES,
+    Placement,
+    PlacementRing,
+    first_present,
+    stable_hash,
+)
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState, parse_hostport
 
 SESSION_TOKEN_HEADER = "x-session-token"
+_PLACED_LIMIT = 10_000  # ring places kept for requests not yet scored
 
 
 def session_token(hostport: str) -> str:
@@ -52,7 +59,14 @@ def token_endpoint(token: str) -> str | None:
 class SessionAffinityScorer:
     """1.0 for the endpoint the request's session token or session id points at, else 0."""
 
-    __slots__ = ("_header", "_max_sessions", "_placement", "_sessions", "request_headers")
+    __slots__ = (
+        "_header",
+        "_max_sessions",
+        "_placed",
+        "_placement",
+        "_sessions",
+        "request_headers",
+    )
 
     issues_session_tokens = True
 
@@ -61,6 +75,8 @@ class SessionAffinityScorer:
         self._header = header.lower()
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[str, str] = OrderedDict()
+        # requests of a sampled pool: their new session's place on the ring (``preferred``)
+        self._placed: OrderedDict[str, list[str]] = OrderedDict()
         self.request_headers = frozenset({SESSION_TOKEN_HEADER, self._header})
 
     @classmethod
@@ -80,7 +96,22 @@ class SessionAffinityScorer:
         session = headers.get(self._header)
         return self._sessions.get(session) if session else None
 
+    def preferred(self, request: LLMRequest, ring: PlacementRing) -> Iterable[str]:
+        """For a sampled pool: the session's endpoint, or a new session's place on ``ring``."""
+        wanted = self._wanted(request)
+        if wanted is not None:
+            return (wanted,)
+        session = request.headers.get(self._header)
+        if not session or self._placement is None:
+            return ()
+        order = ring.walk(stable_hash(session), RING_CHOICES)
+        self._placed[request.request_id] = order
+        if len(self._placed) > _PLACED_LIMIT:
+            self._placed.popitem(last=False)
+        return order
+
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+        placed = self._placed.pop(request.request_id, None) if self._placed else None
         wanted = self._wanted(request)
         if wanted is not None:
             return [1.0 if e.hostport == wanted else 0.0 for e in endpoints]
@@ -88,7 +119,15 @@ class SessionAffinityScorer:
         session = request.headers.get(self._header)
         if session and self._placement is not None and endpoints:
             hostports = [e.hostport for e in endpoints]
-            scores[self._placement.pick(stable_hash(session), hostports)] = 1.0
+            # A sampled pool places on the ring (replicas agree over the whole pool); a pool
+            # scored whole, by rendezvous over the candidates.
+            place = (
+                self._placement.pick(stable_hash(session), hostports)
+                if placed is None
+                else first_present(placed, hostports)
+            )
+            if place is not None:
+                scores[place] = 1.0
         return scores
 
     def on_routed(self, event: Routed) -> None:
@@ -102,4 +141,4 @@ class SessionAffinityScorer:
             sessions.popitem(last=False)
 
     def on_finished(self, event: Finished) -> None:
-        return None
+        self._placed.pop(event.request_id, None)
