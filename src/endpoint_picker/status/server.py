@@ -165,7 +165,7 @@ class MetricsServer:
         if self._refresh is not None:
             await self._refresh()
         return web.Response(
-            body=orjson.dumps(self._view.snapshot()),
+            body=orjson.dumps(await self._view.snapshot_in_steps()),
             content_type="application/json",
             headers={"Cache-Control": "no-store"},
         )

@@ -171,3 +171,34 @@ def test_flow_control_queues_by_priority_including_the_pools_objectives() -> Non
     store.apply(cluster())
     status = view(store, Clock(), flow=Queues()).snapshot()
     assert status["flowControl"] == {"waiting": 3, "byPriority": {"7": 2, "1": 1}}
+
+
+def test_a_large_pool_is_described_in_steps_that_let_the_event_loop_run() -> None:
+    """The served page equals the one-go snapshot, and between its steps other callbacks
+    (the requests being routed) run: 300 endpoints at 64 a step yield four times."""
+    import asyncio
+
+    store = Datastore()
+    store.apply(cluster(*(pod(f"p{i}", f"10.0.{i // 250}.{i % 250 + 1}") for i in range(300))))
+    status_view = view(store, Clock())
+
+    async def main() -> tuple[dict[str, object], int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        stepped = await status_view.snapshot_in_steps(64)
+        task.cancel()
+        return stepped, ticks - before
+
+    stepped, ticks = asyncio.run(main())
+    assert stepped == status_view.snapshot()
+    assert len(stepped["endpoints"]) == 300  # type: ignore[arg-type]
+    assert ticks >= 4
