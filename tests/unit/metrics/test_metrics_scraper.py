@@ -311,6 +311,22 @@ async def test_interval_stretches_with_measured_cost(servers: Any, manager_facto
     assert manager.interval == pytest.approx(0.2)  # 2 * 50 ms / 0.5
 
 
+async def test_one_scrape_in_sixteen_is_metered(servers: Any, manager_factory: Any) -> None:
+    """The budget's samples come from one scrape in 16, the first one included (reading the
+    thread's CPU clock costs a system call, several a scrape)."""
+    server = await servers("127.0.0.40", vllm_page())
+    recorder = Recorder()
+    manager = await manager_factory(recorder, cpu_budget=0.5)
+    manager.set_endpoints([server.endpoint()])
+    await until(lambda: manager.budget.samples > 0)
+    assert recorder.count(server.endpoint().hostport) <= 2
+    await until(lambda: recorder.count(server.endpoint().hostport) >= 40)
+    await manager.stop()
+    scrapes = recorder.count(server.endpoint().hostport)
+    # (+1: a metered scrape that stop() cancelled still records what it spent)
+    assert 1 + (scrapes - 1) // 16 <= manager.budget.samples <= 2 + scrapes // 16
+
+
 async def test_scrapes_reuse_one_connection(servers: Any, manager_factory: Any) -> None:
     """Successive scrapes of an endpoint travel on one kept-alive connection."""
     server = await servers("127.0.0.37", vllm_page())
