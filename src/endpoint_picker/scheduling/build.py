@@ -222,10 +222,14 @@ def _build(
     profile_specs = config.profiles or (_implicit_profile(built),)
     implicit = not config.profiles
     debug = _debug_enabled()
+    hinted: set[str] = set()  # filters that ask their profile's scorers (one profile each)
     profiles = [
-        _build_profile(spec, i, built, registry, context, observer, debug=debug, implicit=implicit)
+        _build_profile(
+            spec, i, built, registry, context, observer, debug=debug, implicit=implicit,
+            hinted=hinted,
+        )
         for i, spec in enumerate(profile_specs)
-    ]
+    ]  # fmt: skip
 
     handler_name = DEFAULT_HANDLER
     if handlers:
@@ -292,6 +296,7 @@ def _build_profile(
     *,
     debug: bool,
     implicit: bool,
+    hinted: set[str],
 ) -> SchedulerProfile:
     base = "schedulingProfiles" if implicit else f"schedulingProfiles[{index}]"
     filters: list[tuple[PluginRef, Filter]] = []
@@ -329,8 +334,14 @@ def _build_profile(
             raise ConfigError(f'"{DEFAULT_PICKER}" is not a picker', "<default>")
         pickers.append((PluginRef(DEFAULT_PICKER, DEFAULT_PICKER, picker), picker))
     hinters = [s.scorer for s in scorers if s.weight > 0 and isinstance(s.scorer, CandidateHints)]
-    for _, flt in filters:
+    for ref, flt in filters:
         if isinstance(flt, HintedFilter):
+            if ref.name in hinted:  # it asks one profile's scorers: which would it ask?
+                raise ConfigError(
+                    f'"{ref.name}" ({ref.type}) is listed in two profiles; declare one per profile',
+                    base,
+                )
+            hinted.add(ref.name)
             flt.use_hints(hinters)
     return SchedulerProfile(spec.name, filters, scorers, pickers[0], observer=observer, debug=debug)
 

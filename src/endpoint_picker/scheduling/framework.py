@@ -25,7 +25,7 @@ import structlog
 
 from endpoint_picker.errors import InternalError
 from endpoint_picker.requests import LLMRequest
-from endpoint_picker.scheduling.placement import PlacementRing
+from endpoint_picker.scheduling.placement import RingWalk
 from endpoint_picker.types import EndpointState
 
 log = structlog.get_logger(__name__)
@@ -71,7 +71,7 @@ class CandidateHints(Protocol):
     endpoint on every replica.
     """
 
-    def preferred(self, request: LLMRequest, ring: PlacementRing) -> Iterable[str]: ...
+    def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]: ...
 
 
 @runtime_checkable

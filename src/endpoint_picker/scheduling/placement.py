@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 _MASK = (1 << 64) - 1
 _SEEDS_LIMIT = 65_536  # endpoints whose seed is cached (far more than any pool)
@@ -113,25 +114,55 @@ class PlacementRing:
             for point in self._points_of(hostport):
                 bisect.insort(positions, point)
 
-    def walk(self, key: int, count: int) -> list[str]:
-        """Up to ``count`` distinct endpoints, clockwise from ``key``'s place on the ring."""
+    def build(self) -> None:
+        """Place every endpoint's points now (else the first ``walk`` does)."""
         if not self._built:
             self._positions = sorted(p for h in self._hostports for p in self._points_of(h))
             self._built = True
+
+    def walk(self, key: int, count: int, accept: Callable[[str], bool] | None = None) -> list[str]:
+        """Up to ``count`` distinct endpoints, clockwise from ``key``'s place on the ring;
+        with ``accept``, only those it accepts (the candidates of a request: replicas given
+        the same candidates then agree even when these are a part of the pool)."""
+        if count <= 0:
+            return []
+        self.build()
         positions = self._positions
         size = len(positions)
-        if not size:
-            return []
-        wanted = min(count, len(self._hostports))
         start = bisect.bisect_left(positions, (key & _MASK,))
         out: list[str] = []
+        seen: set[str] = set()
         for step in range(size):
             hostport = positions[(start + step) % size][1]
-            if hostport not in out:
+            if hostport in seen:
+                continue
+            seen.add(hostport)
+            if accept is None or accept(hostport):
                 out.append(hostport)
-                if len(out) == wanted:
+                if len(out) == count:
                     break
+            if len(seen) == len(self._hostports):
+                break
         return out
+
+
+class RingWalk(Protocol):
+    """Walks a consistent-hash ring: up to ``count`` distinct endpoints from ``key``'s place."""
+
+    def walk(self, key: int, count: int) -> list[str]: ...
+
+
+class RingView:
+    """A ring walked among one request's candidates only (what scorers get to ``preferred``)."""
+
+    __slots__ = ("_accept", "_ring")
+
+    def __init__(self, ring: PlacementRing, accept: Callable[[str], bool]) -> None:
+        self._ring = ring
+        self._accept = accept
+
+    def walk(self, key: int, count: int) -> list[str]:
+        return self._ring.walk(key, count, self._accept)
 
 
 def first_present(order: Sequence[str], hostports: Sequence[str]) -> int | None:

@@ -30,7 +30,6 @@ from endpoint_picker.requests import Api, LLMRequest
 CHARS_PER_TOKEN = 4
 _ROLE_END = "\x1f"
 _MESSAGE_END = "\x1e"
-_WIDE_STEPS = 8  # blocks walked with every holder before ``leading_holders`` samples them
 
 
 def _content_text(content: Any) -> str:
@@ -154,26 +153,28 @@ class PrefixIndex:
         return list(map(matched.__getitem__, endpoints))
 
     def leading_holders(self, hashes: Sequence[int], limit: int, rng: Random) -> set[str]:
-        """At most ``limit`` endpoints holding the longest leading run of ``hashes`` found.
+        """Up to ``limit`` endpoints holding the longest leading run of ``hashes``, then the
+        next longest, and so on (drawn at random within a run when it has more holders).
 
-        For a sampled pool (``candidate-sampler``), so it never costs a pass over the pool:
-        when more than ``limit`` endpoints still hold the run after ``_WIDE_STEPS`` blocks, a
-        random ``limit`` of them walk on (every one of them is a good home)."""
+        For a sampled pool (``candidate-sampler``), so it never costs a pass over the pool. A
+        block's hash covers every block before it, and a server's cache evicts a prefix's
+        deepest blocks first, so the holders of a deeper block hold the shallower ones: the
+        scan goes from the deepest block up and stops once ``limit`` endpoints are found."""
         holders = self._holders
-        remaining = holders.get(hashes[0]) if hashes else None
-        if not remaining:
-            return set()
-        for depth in range(1, len(hashes)):
-            if depth >= _WIDE_STEPS and len(remaining) > limit:
-                remaining = set(rng.sample(list(remaining), limit))
+        found: set[str] = set()
+        for depth in range(len(hashes) - 1, -1, -1):
             owners = holders.get(hashes[depth])
-            still = remaining & owners if owners else None
-            if not still:
+            if not owners:
+                continue
+            new = owners - found if found else owners
+            room = limit - len(found)
+            if len(new) > room:
+                found.update(rng.sample(sorted(new), room))
+            else:
+                found.update(new)
+            if len(found) >= limit:
                 break
-            remaining = still
-        if len(remaining) > limit:
-            return set(rng.sample(list(remaining), limit))
-        return set(remaining)
+        return found
 
     def purge(self, keep: frozenset[str]) -> None:
         """Forget every endpoint not in ``keep`` (it left the pool)."""

@@ -7,11 +7,15 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from tests.unit.scheduling.builders import build, endpoint
+import pytest
+from tests.unit.scheduling.builders import HEADER, build, endpoint
 from tests.unit.scheduling.test_scheduling_prefix import completion, with_headers
 
+from endpoint_picker.errors import ConfigError
 from endpoint_picker.requests import LLMRequest
+from endpoint_picker.scheduling import load_config
 from endpoint_picker.scheduling.placement import PlacementRing, stable_hash
+from endpoint_picker.scheduling.plugins.affinity import PrefixCacheScorer
 from endpoint_picker.scheduling.plugins.sampling import CandidateSampler
 from endpoint_picker.scheduling.prefix import PrefixIndex
 from endpoint_picker.types import EndpointState
@@ -34,6 +38,10 @@ def test_ring_walks_distinct_endpoints_the_same_whatever_the_order_of_joining() 
         assert walk == grown.walk(key, 4)
         assert len(set(walk)) == 4
     assert len(whole.walk(5, 1000)) == len(HOSTS)
+    assert whole.walk(5, 0) == []
+    odd = {h for i, h in enumerate(HOSTS) if i % 2}
+    among = whole.walk(5, 4, odd.__contains__)
+    assert among == [h for h in whole.walk(5, len(HOSTS)) if h in odd][:4]
 
 
 def test_ring_an_endpoint_leaving_moves_only_its_own_keys() -> None:
@@ -112,25 +120,35 @@ def test_sampler_follows_a_reordered_pool() -> None:
     assert target in sampler.filter(completion("x"), [e for e in pool if e is not pool[0]])
 
 
-def test_leading_holders_finds_the_deepest_run_within_the_limit() -> None:
+def test_leading_holders_names_the_deepest_holders_first() -> None:
     index = PrefixIndex()
     rng = random.Random(0)
     index.insert("a", [1, 2, 3], 100)
     index.insert("b", [1, 2], 100)
     index.insert("c", [1], 100)
-    assert index.leading_holders([1, 2, 3, 4], 16, rng) == {"a"}
-    assert index.leading_holders([1, 2, 9], 16, rng) == {"a", "b"}
+    assert index.leading_holders([1, 2, 3, 4], 1, rng) == {"a"}
+    assert index.leading_holders([1, 2, 3, 4], 2, rng) == {"a", "b"}
+    assert index.leading_holders([1, 2, 3, 4], 16, rng) == {"a", "b", "c"}
+    assert index.leading_holders([1, 2, 9], 1, rng) <= {"a", "b"}
     assert index.leading_holders([7], 16, rng) == set()
     assert index.leading_holders([], 16, rng) == set()
-    for i in range(100):
-        index.insert(f"wide-{i}", list(range(1, 20)), 100)
-    deep = index.leading_holders(list(range(1, 20)), 8, rng)
-    assert len(deep) == 8
-    assert all(h.startswith("wide-") for h in deep)
+
+
+def test_leading_holders_finds_the_one_deep_holder_among_many_shallow_ones() -> None:
+    """200 endpoints hold a shared system prompt (12 blocks), one also holds the rest of a
+    conversation: that one is always named, whatever the random draw of the others."""
+    index = PrefixIndex()
+    for i in range(200):
+        index.insert(f"shared-{i}", list(range(12)), 1000)
+    index.insert("shared-7", list(range(12, 15)), 1000)
+    for seed in range(200):
+        named = index.leading_holders(list(range(16)), 16, random.Random(seed))
+        assert "shared-7" in named
+        assert len(named) == 16
 
 
 def _large_pool(count: int, start: int = 0) -> list[EndpointState]:
-    return [endpoint(f"pod-{i}") for i in range(start, start + count)]
+    return [endpoint(f"pod-{i}", base=["m"]) for i in range(start, start + count)]
 
 
 def _route(components: object, request: LLMRequest, pool: Sequence[EndpointState]) -> str:
@@ -144,15 +162,53 @@ def _route(components: object, request: LLMRequest, pool: Sequence[EndpointState
 
 
 def test_default_profile_keeps_a_prefix_on_its_holder_in_a_large_pool() -> None:
-    """1,000 endpoints, 64 sampled: a repeated prefix still lands where it went first."""
+    """1,000 endpoints, 64 sampled: a prefix first routed to an endpoint that is not its
+    place on the ring (the only candidate then) keeps going there: the holder is named."""
     components = build(seed=5)
     pool = _large_pool(1000)
-    components.lifecycle.endpoints_changed(e.hostport for e in pool)
+    hostports = frozenset(e.hostport for e in pool)
+    components.lifecycle.endpoints_changed(hostports)
     prompt = "You are a careful assistant. " * 40
-    first = _route(components, completion(prompt + "q0", rid="r0"), pool)
+    ring = PlacementRing()
+    ring.update(hostports)
+    first = completion(prompt + "q0", rid="r0")
+    placed = ring.walk(PrefixCacheScorer(64, 256, 1000).hashes(first)[0], 4)
+    holder = next(e for e in pool if e.hostport not in placed)
+    assert _route(components, first, [holder]) == holder.hostport
     for i in range(1, 30):
-        assert _route(components, completion(prompt + f"q{i}", rid=f"r{i}"), pool) == first
+        assert _route(components, completion(prompt + f"q{i}", rid=f"r{i}"), pool) == (
+            holder.hostport
+        )
         components.lifecycle.finished(f"r{i}", True)
+
+
+def test_replicas_agree_on_new_keys_among_a_part_of_the_pool() -> None:
+    """Candidates narrowed by the director (a subset hint, endpoints with room) to 200 of
+    1,000: still sampled, and the ring is walked among them, so two replicas agree."""
+    one, two = build(seed=11), build(seed=12)
+    pool = _large_pool(1000)
+    for components in (one, two):
+        components.lifecycle.endpoints_changed(e.hostport for e in pool)
+    part = pool[300:500]
+    for i in range(40):
+        request = completion(f"another system prompt {i} " * 30, rid=f"q{i}")
+        chosen = _route(one, request, part)
+        assert chosen == _route(two, request, part[::-1])
+        session = with_headers({"x-session-id": f"chat-{i}"}, rid=f"c{i}")
+        assert _route(one, session, part) == _route(two, session, part[::-1])
+
+
+def test_one_sampler_in_two_profiles_is_refused() -> None:
+    """A sampler asks one profile's scorers; listed in two, which would it ask?"""
+    text = (
+        HEADER + "plugins:\n- type: candidate-sampler\n- type: queue-scorer\n"
+        "- type: single-profile-handler\n"
+        "schedulingProfiles:\n"
+        "- name: a\n  plugins:\n  - pluginRef: candidate-sampler\n  - pluginRef: queue-scorer\n"
+        "- name: b\n  plugins:\n  - pluginRef: candidate-sampler\n"
+    )
+    with pytest.raises(ConfigError, match="listed in two profiles"):
+        load_config(text)
 
 
 def test_two_replicas_place_new_prefixes_and_sessions_alike_in_a_large_pool() -> None:

@@ -22,7 +22,7 @@ from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
 from endpoint_picker.scheduling.placement import (
     RING_CHOICES,
     Placement,
-    PlacementRing,
+    RingWalk,
     first_present,
 )
 from endpoint_picker.scheduling.prefix import (
@@ -276,7 +276,7 @@ class PrefixCacheScorer:
             _remember(self._pending, request.request_id, hashes)
         return hashes
 
-    def preferred(self, request: LLMRequest, ring: PlacementRing) -> Iterable[str]:
+    def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]:
         """For a sampled pool: some of the endpoints holding the longest run of the prompt's
         blocks, and the first endpoints of the prefix's place on ``ring`` (placement)."""
         hashes = self._hashes_of(request)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.framework import CandidateHints
-from endpoint_picker.scheduling.placement import PlacementRing
+from endpoint_picker.scheduling.placement import PlacementRing, RingView
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
 
@@ -31,7 +31,7 @@ from endpoint_picker.types import EndpointState
 class CandidateSampler:
     """Past ``threshold`` candidates: ``size`` random ones plus those the scorers prefer."""
 
-    __slots__ = ("_hinters", "_positions", "_ring", "_rng", "_size", "_threshold")
+    __slots__ = ("_hinters", "_layout", "_positions", "_ring", "_rng", "_size", "_threshold")
 
     def __init__(self, threshold: int, size: int, rng: random.Random) -> None:
         self._threshold = threshold
@@ -42,6 +42,7 @@ class CandidateSampler:
         # hostport -> its index among the candidates last indexed. Candidates keep the pool's
         # order from one request to the next, so the map rarely needs rebuilding.
         self._positions: dict[str, int] = {}
+        self._layout: tuple[int, str, str] = (0, "", "")  # of the candidates mapped
 
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> CandidateSampler:
@@ -56,13 +57,13 @@ class CandidateSampler:
         return self._ring
 
     def use_hints(self, hinters: Iterable[CandidateHints]) -> None:
-        """Ask ``hinters`` (the scorers of a profile listing this filter) for their endpoints."""
-        for hinter in hinters:
-            if all(hinter is not known for known in self._hinters):
-                self._hinters.append(hinter)
+        """Ask ``hinters`` (the scorers of the profile listing this filter) for endpoints."""
+        self._hinters = list(hinters)
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         self._ring.update(hostports)
+        if len(hostports) > self._threshold:
+            self._ring.build()  # now, rather than on the first request that needs it
 
     def filter(
         self, request: LLMRequest, endpoints: Sequence[EndpointState]
@@ -72,19 +73,47 @@ class CandidateSampler:
             return endpoints
         if not len(self._ring):  # not told the pool (a scheduler used on its own): these
             self._ring.update(frozenset(e.hostport for e in endpoints))
+        index = _Index(self, endpoints)
+        ring = RingView(self._ring, index.has)
         chosen = set(self._rng.sample(range(count), min(self._size, count)))
-        positions = self._positions
-        rebuilt = False
         for hinter in self._hinters:
-            for hostport in hinter.preferred(request, self._ring):
-                i = positions.get(hostport)
-                if i is None or i >= count or endpoints[i].hostport != hostport:
-                    if rebuilt:  # indexed for these candidates already: not one of them
-                        continue
-                    positions = self._positions = {e.hostport: j for j, e in enumerate(endpoints)}
-                    rebuilt = True
-                    i = positions.get(hostport)
-                    if i is None:
-                        continue
-                chosen.add(i)
+            for hostport in hinter.preferred(request, ring):
+                i = index.of(hostport)
+                if i is not None:
+                    chosen.add(i)
         return [endpoints[i] for i in sorted(chosen)]
+
+
+class _Index:
+    """Where a hostport sits among one request's candidates, from the sampler's map.
+
+    Candidates keep the pool's order from one request to the next, so the map (built from an
+    earlier request's candidates) rarely needs rebuilding: a hit is checked at its index, and
+    a miss is believed while the candidates keep the count and the ends the map was built
+    from. Otherwise the map is rebuilt, at most once per request."""
+
+    __slots__ = ("_endpoints", "_rebuilt", "_sampler")
+
+    def __init__(self, sampler: CandidateSampler, endpoints: Sequence[EndpointState]) -> None:
+        self._sampler = sampler
+        self._endpoints = endpoints
+        self._rebuilt = False
+
+    def of(self, hostport: str) -> int | None:
+        endpoints, sampler = self._endpoints, self._sampler
+        i = sampler._positions.get(hostport)
+        if i is not None and i < len(endpoints) and endpoints[i].hostport == hostport:
+            return i
+        if self._rebuilt or (i is None and sampler._layout == _layout(endpoints)):
+            return None
+        sampler._positions = {e.hostport: j for j, e in enumerate(endpoints)}
+        sampler._layout = _layout(endpoints)
+        self._rebuilt = True
+        return sampler._positions.get(hostport)
+
+    def has(self, hostport: str) -> bool:
+        return self.of(hostport) is not None
+
+
+def _layout(endpoints: Sequence[EndpointState]) -> tuple[int, str, str]:
+    return len(endpoints), endpoints[0].hostport, endpoints[-1].hostport

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, Routed
-from endpoint_picker.scheduling.placement import PlacementRing
+from endpoint_picker.scheduling.placement import RingWalk
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
 
@@ -104,7 +104,7 @@ class LoraAffinityScorer:
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> LoraAffinityScorer:
         return cls()
 
-    def preferred(self, request: LLMRequest, ring: PlacementRing) -> Iterable[str]:
+    def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]:
         recent = self._recent.get(request.target_model)
         return tuple(recent) if recent else ()
 

@@ -27,7 +27,7 @@ from endpoint_picker.scheduling.lifecycle import Finished, Routed
 from endpoint_picker.scheduling.placement import (
     RING_CHOICES,
     Placement,
-    PlacementRing,
+    RingWalk,
     first_present,
     stable_hash,
 )
@@ -96,7 +96,7 @@ class SessionAffinityScorer:
         session = headers.get(self._header)
         return self._sessions.get(session) if session else None
 
-    def preferred(self, request: LLMRequest, ring: PlacementRing) -> Iterable[str]:
+    def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]:
         """For a sampled pool: the session's endpoint, or a new session's place on ``ring``."""
         wanted = self._wanted(request)
         if wanted is not None:
