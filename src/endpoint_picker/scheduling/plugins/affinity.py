@@ -305,7 +305,7 @@ class PrefixCacheScorer:
         if self._observer is not None:
             self._observer.prefix_hit_ratio_observed(best)
         if best == 0.0 and self._placement is not None:
-            # A sampled pool places on the ring (over the whole pool, so replicas agree);
+            # A sampled pool places on the ring (walked among the candidates: replicas agree);
             # a pool scored whole, by rendezvous over the candidates.
             place = (
                 self._placement.pick(hashes[0], hostports)

@@ -119,8 +119,8 @@ class SessionAffinityScorer:
         session = request.headers.get(self._header)
         if session and self._placement is not None and endpoints:
             hostports = [e.hostport for e in endpoints]
-            # A sampled pool places on the ring (replicas agree over the whole pool); a pool
-            # scored whole, by rendezvous over the candidates.
+            # A sampled pool places on the ring (walked among the candidates: replicas agree);
+            # a pool scored whole, by rendezvous over the candidates.
             place = (
                 self._placement.pick(stable_hash(session), hostports)
                 if placed is None
