@@ -16,7 +16,7 @@ scoring, so nothing is hashed twice).
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
@@ -58,6 +58,19 @@ class StartListener(Protocol):
     completion, its first token): the server has taken it out of its waiting queue."""
 
     def on_started(self, request_id: str) -> None: ...
+
+
+REQUESTS_REMEMBERED = 10_000  # per-request state a plugin keeps until routing or finish
+
+_V = TypeVar("_V")
+
+
+def remember(table: OrderedDict[str, _V], request_id: str, value: _V) -> None:
+    """Keep ``value`` for a request until its routing or finish pops it; past
+    ``REQUESTS_REMEMBERED`` the oldest is dropped (a request that never got that far)."""
+    table[request_id] = value
+    if len(table) > REQUESTS_REMEMBERED:
+        table.popitem(last=False)
 
 
 @runtime_checkable

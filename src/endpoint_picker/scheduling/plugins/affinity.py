@@ -15,10 +15,9 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
 
 from endpoint_picker.requests import LLMRequest
-from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
+from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed, remember
 from endpoint_picker.scheduling.placement import (
     RING_CHOICES,
     Placement,
@@ -35,16 +34,7 @@ from endpoint_picker.scheduling.prefix import (
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
 
-_PENDING_LIMIT = 10_000  # requests scored but not yet routed or finished (hashes kept for them)
 _HINTED_HOLDERS = 16  # holders of a prefix a sampled pool keeps among its candidates
-_V = TypeVar("_V")
-
-
-def _remember(table: OrderedDict[str, _V], request_id: str, value: _V) -> None:
-    """Keep ``value`` for a request until it is used, the oldest dropped past the limit."""
-    table[request_id] = value
-    if len(table) > _PENDING_LIMIT:
-        table.popitem(last=False)
 
 
 def endpoint_loads(endpoints: Sequence[EndpointState], inflight: InFlight) -> list[int]:
@@ -273,7 +263,7 @@ class PrefixCacheScorer:
         hashes = self._pending.get(request.request_id)
         if hashes is None:
             hashes = self.hashes(request)
-            _remember(self._pending, request.request_id, hashes)
+            remember(self._pending, request.request_id, hashes)
         return hashes
 
     def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]:
@@ -285,7 +275,7 @@ class PrefixCacheScorer:
         preferred = self._index.leading_holders(hashes, _HINTED_HOLDERS, self._rng)
         if self._placement is not None:
             order = ring.walk(hashes[0], RING_CHOICES)
-            _remember(self._placed, request.request_id, order)
+            remember(self._placed, request.request_id, order)
             preferred.update(order)
         return preferred
 

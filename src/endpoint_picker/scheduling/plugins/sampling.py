@@ -31,7 +31,7 @@ from endpoint_picker.types import EndpointState
 class CandidateSampler:
     """Past ``threshold`` candidates: ``size`` random ones plus those the scorers prefer."""
 
-    __slots__ = ("_hinters", "_layout", "_positions", "_ring", "_rng", "_size", "_threshold")
+    __slots__ = ("_hinters", "_positions", "_ring", "_rng", "_size", "_threshold")
 
     def __init__(self, threshold: int, size: int, rng: random.Random) -> None:
         self._threshold = threshold
@@ -39,10 +39,7 @@ class CandidateSampler:
         self._rng = rng
         self._ring = PlacementRing()
         self._hinters: list[CandidateHints] = []
-        # hostport -> its index among the candidates last indexed. Candidates keep the pool's
-        # order from one request to the next, so the map rarely needs rebuilding.
-        self._positions: dict[str, int] = {}
-        self._layout: tuple[int, str, str] = (0, "", "")  # of the candidates mapped
+        self._positions = _Positions()
 
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> CandidateSampler:
@@ -73,7 +70,7 @@ class CandidateSampler:
             return endpoints
         if not len(self._ring):  # not told the pool (a scheduler used on its own): these
             self._ring.update(frozenset(e.hostport for e in endpoints))
-        index = _Index(self, endpoints)
+        index = _Index(self._positions, endpoints)
         ring = RingView(self._ring, index.has)
         chosen = set(self._rng.sample(range(count), min(self._size, count)))
         for hinter in self._hinters:
@@ -84,6 +81,20 @@ class CandidateSampler:
         return [endpoints[i] for i in sorted(chosen)]
 
 
+class _Positions:
+    """hostport -> index among the candidates last mapped, and their layout (count, ends)."""
+
+    __slots__ = ("index", "layout")
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.layout: tuple[int, str, str] = (0, "", "")
+
+    def rebuild(self, endpoints: Sequence[EndpointState]) -> None:
+        self.index = {e.hostport: j for j, e in enumerate(endpoints)}
+        self.layout = _layout(endpoints)
+
+
 class _Index:
     """Where a hostport sits among one request's candidates, from the sampler's map.
 
@@ -92,24 +103,23 @@ class _Index:
     a miss is believed while the candidates keep the count and the ends the map was built
     from. Otherwise the map is rebuilt, at most once per request."""
 
-    __slots__ = ("_endpoints", "_rebuilt", "_sampler")
+    __slots__ = ("_endpoints", "_positions", "_rebuilt")
 
-    def __init__(self, sampler: CandidateSampler, endpoints: Sequence[EndpointState]) -> None:
-        self._sampler = sampler
+    def __init__(self, positions: _Positions, endpoints: Sequence[EndpointState]) -> None:
+        self._positions = positions
         self._endpoints = endpoints
         self._rebuilt = False
 
     def of(self, hostport: str) -> int | None:
-        endpoints, sampler = self._endpoints, self._sampler
-        i = sampler._positions.get(hostport)
+        endpoints, positions = self._endpoints, self._positions
+        i = positions.index.get(hostport)
         if i is not None and i < len(endpoints) and endpoints[i].hostport == hostport:
             return i
-        if self._rebuilt or (i is None and sampler._layout == _layout(endpoints)):
+        if self._rebuilt or (i is None and positions.layout == _layout(endpoints)):
             return None
-        sampler._positions = {e.hostport: j for j, e in enumerate(endpoints)}
-        sampler._layout = _layout(endpoints)
+        positions.rebuild(endpoints)
         self._rebuilt = True
-        return sampler._positions.get(hostport)
+        return positions.index.get(hostport)
 
     def has(self, hostport: str) -> bool:
         return self.of(hostport) is not None

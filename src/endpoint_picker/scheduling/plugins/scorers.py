@@ -6,13 +6,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from endpoint_picker.requests import LLMRequest
-from endpoint_picker.scheduling.lifecycle import Finished, Routed
+from endpoint_picker.scheduling.lifecycle import Finished, Routed, remember
 from endpoint_picker.scheduling.placement import RingWalk
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
 
 _RECENT_ENDPOINTS = 8  # per adapter, where its requests went lately
-_ADAPTERS_LIMIT = 10_000  # adapters remembered (and adapter requests awaiting their routing)
+_ADAPTERS_LIMIT = 10_000  # adapters whose recent endpoints are remembered
 
 
 def _min_max_inverted(values: Sequence[float]) -> list[float]:
@@ -135,9 +135,7 @@ class LoraAffinityScorer:
         adapter = request.target_model
         if _is_base_model(adapter, endpoints):
             return [self._running] * len(endpoints)
-        self._scored[request.request_id] = adapter  # where it goes is remembered (preferred)
-        if len(self._scored) > _ADAPTERS_LIMIT:
-            self._scored.popitem(last=False)
+        remember(self._scored, request.request_id, adapter)  # where it goes: ``preferred``
         running, free_slot, unknown, waiting = (
             self._running,
             self._free_slot,

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from endpoint_picker.requests import LLMRequest
-from endpoint_picker.scheduling.lifecycle import Finished, Routed
+from endpoint_picker.scheduling.lifecycle import Finished, Routed, remember
 from endpoint_picker.scheduling.placement import (
     RING_CHOICES,
     Placement,
@@ -35,7 +35,6 @@ from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState, parse_hostport
 
 SESSION_TOKEN_HEADER = "x-session-token"
-_PLACED_LIMIT = 10_000  # ring places kept for requests not yet scored
 
 
 def session_token(hostport: str) -> str:
@@ -105,9 +104,7 @@ class SessionAffinityScorer:
         if not session or self._placement is None:
             return ()
         order = ring.walk(stable_hash(session), RING_CHOICES)
-        self._placed[request.request_id] = order
-        if len(self._placed) > _PLACED_LIMIT:
-            self._placed.popitem(last=False)
+        remember(self._placed, request.request_id, order)
         return order
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
