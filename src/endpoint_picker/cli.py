@@ -501,7 +501,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 async def _serve(settings: Settings) -> None:
-    from endpoint_picker.app import App  # the app pulls in grpc; keep --help fast
+    from endpoint_picker.app import App, freeze_startup_heap  # grpc: keep --help fast
 
     if settings.server.supervised:
         from endpoint_picker.workers import build_parent
@@ -526,6 +526,7 @@ async def _serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, on_signal)
     try:
         await app.start()
+        freeze_startup_heap()
         await app.wait_stopped()
     finally:
         await app.stop()

@@ -21,7 +21,9 @@ pages from then on (logged once).
 
 Tasks are spread over the interval (a random first delay) and run at a fixed rate; the interval
 is stretched by ``ScrapeBudget`` when the measured cost of scraping every endpoint at
-``refresh_interval`` would exceed ``cpu_budget`` of one core.
+``refresh_interval`` would exceed ``cpu_budget`` of one core. Scrapes that come due or are
+answered together pass a ``TurnGate`` before they send and before they parse: about a
+millisecond of them per event-loop iteration, so that a burst never holds a pick for long.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from endpoint_picker.metrics.budget import Metered, ScrapeBudget
 from endpoint_picker.metrics.engines import EngineMetricNames, engine_names
 from endpoint_picker.metrics.http import HttpClient, HttpStatusError, ScrapeError
 from endpoint_picker.metrics.parser import Hints, MetricsParseError, parse_metrics
+from endpoint_picker.metrics.turns import TurnGate
 from endpoint_picker.settings import ScrapeSettings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
@@ -140,6 +143,7 @@ class ScrapeManager:
         self._targets: dict[str, _Target] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         self._meter_in = 0  # scrapes until the next metered one (the first is)
+        self.gate = TurnGate()
         self._started = False
 
     @property
@@ -225,8 +229,11 @@ class ScrapeManager:
         loop = asyncio.get_running_loop()
         try:
             await asyncio.sleep(random.uniform(0, self.interval))  # spreads load only
+            gate = self.gate
             while True:
                 started = loop.time()
+                if not gate.admit():
+                    await gate.wait()
                 await self._scrape_once(target)
                 await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
         finally:
@@ -263,9 +270,12 @@ class ScrapeManager:
     async def _fetch(self, target: _Target) -> MetricsSnapshot:
         """One GET and parse. One in ``_METER_EVERY`` records its CPU in the budget, whatever
         the outcome: reading the thread's CPU clock is a system call, several a scrape."""
+        gate = self.gate
         self._meter_in -= 1
         if self._meter_in > 0:
             body = await target.client.get()
+            if not gate.admit():
+                await gate.wait()
             return parse_metrics(body, target.names, self._clock(), target.hints)
         self._meter_in = _METER_EVERY
         metered = Metered(target.client.get())
@@ -274,6 +284,8 @@ class ScrapeManager:
         except BaseException:
             self.budget.record(metered.cpu)
             raise
+        if not gate.admit():
+            await gate.wait()
         parse_started = thread_time()
         try:
             return parse_metrics(body, target.names, self._clock(), target.hints)

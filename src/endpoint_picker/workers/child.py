@@ -23,7 +23,7 @@ import sys
 
 import structlog
 
-from endpoint_picker.app import App
+from endpoint_picker.app import App, freeze_startup_heap
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.roles import WorkerRole
 from endpoint_picker.scheduling.lifecycle import SharedInFlight
@@ -91,7 +91,12 @@ class Worker:
     async def _follow_parent(self) -> None:
         try:
             while True:
-                await self.apply(await read_message(self._reader))
+                message = await read_message(self._reader)
+                await self.apply(message)
+                if isinstance(message, MetricsUpdate):
+                    # Frames that arrived together are read without a pause: let the loop
+                    # look at the ext_proc sockets between two of them.
+                    await asyncio.sleep(0)
         except ChannelClosed:
             log.info("parent channel closed; draining")
         except Exception:  # a frame we cannot apply: never serve a frozen pool silently
@@ -170,6 +175,7 @@ async def _run(channel_fd: int, table_fd: int) -> int:
         # listens only once the parent's pool and snapshots are applied (``_catch_up``)
         await worker.app.start()
         if not stop.is_set():
+            freeze_startup_heap()
             worker.serving()
         limit = init.settings.server.worker_max_requests
         if limit > 0:

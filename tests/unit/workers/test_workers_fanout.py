@@ -7,7 +7,7 @@ import pickle
 
 from endpoint_picker.datastore.objects import ClusterState, InferencePool, Pod
 from endpoint_picker.types import MetricsSnapshot
-from endpoint_picker.workers.fanout import Publisher, PublishingDatastore
+from endpoint_picker.workers.fanout import FRAME_SNAPSHOTS, Publisher, PublishingDatastore
 from endpoint_picker.workers.messages import (
     MetricsUpdate,
     PoolUpdate,
@@ -52,6 +52,25 @@ async def test_snapshots_of_one_loop_turn_share_one_frame_and_late_ones_are_drop
     datastore.update_metrics(second, MetricsSnapshot(updated_at=2.0))  # a late scrape
     await asyncio.sleep(0)
     assert [type(m) for m in decode(frames)] == [PoolUpdate]
+
+
+async def test_many_snapshots_of_one_turn_go_out_in_bounded_frames() -> None:
+    """A burst of scrapes is several frames of at most FRAME_SNAPSHOTS, every snapshot once, in
+    order: a worker reads its ext_proc sockets between two frames."""
+    frames: list[bytes] = []
+    datastore = PublishingDatastore(None, Publisher(SlotMap(), frames.append))
+    count = 2 * FRAME_SNAPSHOTS + 5
+    datastore.apply(cluster(*(f"127.0.1.{i + 2}" for i in range(count))))
+    frames.clear()
+    for n, endpoint in enumerate(datastore.endpoints):
+        datastore.update_metrics(endpoint, MetricsSnapshot(waiting_queue_size=n, updated_at=1.0))
+    await asyncio.sleep(0)
+    updates = decode(frames)
+    assert all(isinstance(m, MetricsUpdate) for m in updates)
+    sizes = [len(m.snapshots) for m in updates]  # type: ignore[attr-defined]
+    assert sizes == [FRAME_SNAPSHOTS, FRAME_SNAPSHOTS, 5]
+    sent = [s.waiting_queue_size for m in updates for _, s in m.snapshots]  # type: ignore[attr-defined]
+    assert sent == list(range(count))
 
 
 async def test_a_new_worker_is_caught_up_with_the_present() -> None:
