@@ -15,8 +15,10 @@ After every endpoint has fresh metrics, a gRPC client opens ``--rate`` ext_proc 
 (open loop) for ``--duration`` s (headers, then the body with end of stream; the pick is the time
 to the routing headers response; then the stream is closed), while ``/api/status`` is read every
 0.5 s for each endpoint's metrics age. Printed per size and mode: picks/s, pick p50 and p99,
-and the metrics age (median over endpoints and samples, and the 99th percentile): what the
-scheduler sees. Everything shares this machine's 2 cores (the fleet Envoy, the EPP, the client).
+the metrics age (median over endpoints and samples, and the 99th percentile): what the
+scheduler sees; and from the EPP's ``/metrics`` the scrape interval the CPU budget settled on
+and the scrape steps its ``TurnGate`` deferred a second. Everything shares this machine's 2
+cores (the fleet Envoy, the EPP, the client).
 """
 
 from __future__ import annotations
@@ -121,6 +123,21 @@ def status(metrics_port: int) -> dict[str, object]:
         return json.loads(response.read())  # type: ignore[no-any-return]
 
 
+def scraping(metrics_port: int) -> tuple[float, float]:
+    """The EPP's scrape interval (s) and its scrape steps deferred so far, from ``/metrics``."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        values[name] = value
+    return (  # nan from an EPP that predates these metrics
+        float(values.get("inference_extension_metrics_refresh_interval_seconds", "nan")),
+        float(values.get("inference_extension_metrics_scrape_steps_deferred_total", "nan")),
+    )
+
+
 def ages(metrics_port: int) -> list[float]:
     """Every endpoint's metrics age now (seconds; inf when it has none yet)."""
     endpoints = status(metrics_port)["endpoints"]
@@ -179,7 +196,10 @@ def measure(mode: str, endpoints: list[str], args: argparse.Namespace, tmp: Path
                 sample_ages(metrics_port, args.duration),
             )
 
+        _, deferred_before = scraping(metrics_port)
         (times, failed), seen = asyncio.run(both())
+        interval, deferred = scraping(metrics_port)
+        deferred = (deferred - deferred_before) / args.duration
     if not times:
         return f"{len(endpoints):6d} {mode:7s} every pick failed ({failed})"
     p50, p99 = statistics.median(times) * 1e3, percentile(times, 0.99) * 1e3
@@ -187,7 +207,8 @@ def measure(mode: str, endpoints: list[str], args: argparse.Namespace, tmp: Path
     return (
         f"{len(endpoints):6d} {mode:7s} {len(times) / args.duration:8.0f} picks/s   "
         f"pick p50 {p50:6.2f} ms  p99 {p99:7.2f} ms   metrics age p50 {age50:5.0f} ms  "
-        f"p99 {age99:5.0f} ms" + (f"   FAILED {failed}" if failed else "")
+        f"p99 {age99:5.0f} ms   interval {interval * 1e3:4.0f} ms, "
+        f"{deferred:5.0f} steps deferred/s" + (f"   FAILED {failed}" if failed else "")
     )
 
 

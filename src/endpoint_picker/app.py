@@ -152,6 +152,10 @@ class App:
             cpu_budget=settings.scrape.cpu_budget,
             on_unreachable=self.datastore.mark_unreachable,
         )
+        scraper = self._scraper
+        self.metrics.track_scraping(
+            lambda: scraper.interval, lambda: scraper.cpu_share, lambda: scraper.gate.deferred
+        )
 
     def _build_kubernetes_source(self, pool_name: str) -> KubernetesSource:
         from endpoint_picker.datastore.sources.kubernetes import (

@@ -133,10 +133,11 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
 
 
 async def test_invalid_usage_and_process_metrics_on_the_metrics_port(tmp_path: Path) -> None:
-    """Junk usage is counted, not observed; process_* metrics are served on the metrics port."""
+    """Junk usage is counted, not observed; process_* and scraping metrics are served."""
     request = json_body({"model": "m", "prompt": "hello"})
     junk = b'{"usage": {"prompt_tokens": -12, "completion_tokens": 30}}'
-    async with running_app(make_settings(tmp_path, TEXT)) as (app, client):
+    settings = make_settings(tmp_path, TEXT)
+    async with running_app(settings) as (app, client):
         await client.exchange([headers(), body(request), response_headers(), response_body(junk)])
         async with (
             aiohttp.ClientSession() as session,
@@ -149,3 +150,8 @@ async def test_invalid_usage_and_process_metrics_on_the_metrics_port(tmp_path: P
     assert "inference_model_input_tokens_count" not in samples
     assert samples["process_resident_memory_bytes"].value > 0
     assert samples["process_open_fds"].value > 0
+    # scraping: one endpoint is far from stretching the interval past its setting
+    interval = samples["inference_extension_metrics_refresh_interval_seconds"].value
+    assert interval == settings.scrape.refresh_interval > 0
+    assert 0 <= samples["inference_extension_metrics_scrape_cpu_share"].value < 0.5
+    assert samples["inference_extension_metrics_scrape_steps_deferred_total"].value == 0

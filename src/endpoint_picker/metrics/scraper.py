@@ -151,6 +151,11 @@ class ScrapeManager:
         """The current seconds between two scrapes of one endpoint."""
         return self.budget.interval(len(self._targets))
 
+    @property
+    def cpu_share(self) -> float:
+        """The estimated fraction of one core scraping uses now."""
+        return self.budget.cpu_share(len(self._targets))
+
     def endpoints(self) -> list[str]:
         """The hostports being scraped."""
         return list(self._targets)

@@ -20,7 +20,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from endpoint_picker.errors import ErrorCode
@@ -174,6 +174,22 @@ class _PoolCollector(Collector):
             if stats is not None:
                 family.add_metric([stats.name], value(stats))
             yield family
+
+
+class _CallbackCounter(Collector):
+    """A counter whose owner keeps the count (read at scrape time; absent until tracked)."""
+
+    def __init__(
+        self, name: str, documentation: str, source: Callable[[], Callable[[], float] | None]
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._source = source
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        read = self._source()
+        if read is not None:
+            yield CounterMetricFamily(self._name, self._documentation, value=read())
 
 
 class _Children:
@@ -377,6 +393,26 @@ class EppMetrics:
             "ext_proc streams answered 429 because the concurrent-stream limit was reached.",
             registry=r,
         )
+        # Scraping the model servers (metrics/scraper.py), read at scrape time through
+        # ``track_scraping``: with hundreds of endpoints the CPU budget stretches the interval.
+        self.scrape_interval = Gauge(
+            "inference_extension_metrics_refresh_interval_seconds",
+            "Seconds between two scrapes of one model server now: the configured refresh "
+            "interval, or longer when scraping every endpoint at it would exceed the CPU budget.",
+            registry=r,
+        )
+        self.scrape_cpu_share = Gauge(
+            "inference_extension_metrics_scrape_cpu_share",
+            "Estimated fraction of one core that scraping the model servers uses.",
+            registry=r,
+        )
+        self._scrapes_deferred: Callable[[], float] | None = None
+        r.register(_CallbackCounter(
+            "inference_extension_metrics_scrape_steps_deferred",
+            "Scrape steps (a send or a parse) that waited for a later event-loop turn because "
+            "scrapes that came due together had used this turn's share.",
+            lambda: self._scrapes_deferred,
+        ))  # fmt: skip
         # Read when /metrics is rendered, which the metrics server does on the event loop; a
         # count that climbs under steady load is a leak (benchmarks/bench_soak.py watches it).
         self.event_loop_tasks = Gauge(
@@ -474,6 +510,16 @@ class EppMetrics:
     ) -> None:
         self.buffered_request_bytes.set_function(buffered_bytes)
         self.ext_proc_streams.set_function(open_streams)
+
+    def track_scraping(
+        self,
+        interval: Callable[[], float],
+        cpu_share: Callable[[], float],
+        deferred: Callable[[], float],
+    ) -> None:
+        self.scrape_interval.set_function(interval)
+        self.scrape_cpu_share.set_function(cpu_share)
+        self._scrapes_deferred = deferred
 
     def pool_reload(self, result: str) -> None:
         """The pool source's observer: one settled change and its outcome."""

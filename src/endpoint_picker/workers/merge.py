@@ -29,6 +29,7 @@ PARENT_ONLY = (
     "inference_pool_",
     "inference_extension_pool_reload",
     "inference_extension_pool_source_healthy",
+    "inference_extension_metrics_",  # scraping: the parent scrapes for every worker
 )
 REQUEST_COUNTER = "inference_model_request_total"
 
