@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 
 import pytest
 
@@ -37,6 +38,20 @@ class StepClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def named_step(
+    gate: TurnGate, clock: StepClock, order: list[str]
+) -> Callable[[str], Coroutine[None, None, None]]:
+    """A step that passes the gate, then records its name and costs ``clock.step``."""
+
+    async def step(name: str) -> None:
+        if not gate.admit():
+            await gate.wait()
+        order.append(name)
+        clock.now += clock.step
+
+    return step
 
 
 async def run_burst(gate: TurnGate, clock: StepClock, steps: int) -> list[tuple[int, int]]:
@@ -89,12 +104,7 @@ async def test_new_steps_queue_behind_the_waiting_ones() -> None:
     clock = StepClock(step=0.001)  # one step fills a share
     gate = TurnGate(seconds=0.001, batch=1, clock=clock)
     order: list[str] = []
-
-    async def step(name: str) -> None:
-        if not gate.admit():
-            await gate.wait()
-        order.append(name)
-        clock.now += clock.step
+    step = named_step(gate, clock, order)
 
     first = [asyncio.create_task(step(f"a{n}")) for n in range(3)]
     await asyncio.sleep(0)  # a0 ran, a1 and a2 wait
@@ -107,12 +117,7 @@ async def test_a_cancelled_waiter_leaves_the_queue() -> None:
     clock = StepClock(step=0.001)
     gate = TurnGate(seconds=0.001, batch=1, clock=clock)
     order: list[str] = []
-
-    async def step(name: str) -> None:
-        if not gate.admit():
-            await gate.wait()
-        order.append(name)
-        clock.now += clock.step
+    step = named_step(gate, clock, order)
 
     tasks = {name: asyncio.create_task(step(name)) for name in ("a", "b", "c")}
     await asyncio.sleep(0)
