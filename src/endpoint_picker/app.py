@@ -157,6 +157,13 @@ class App:
             lambda: scraper.interval, lambda: scraper.cpu_share, lambda: scraper.gate.deferred
         )
 
+    def _refresh_interval(self) -> float:
+        """Seconds between two scrapes of an endpoint now (a worker's parent scrapes; a
+        worker's own status page is not served, but say the setting rather than fail)."""
+        if self._scraper is None:
+            return self.settings.scrape.refresh_interval
+        return self._scraper.interval
+
     def _build_kubernetes_source(self, pool_name: str) -> KubernetesSource:
         from endpoint_picker.datastore.sources.kubernetes import (
             KubernetesAccessReviewer,
@@ -455,6 +462,7 @@ class App:
             staleness_threshold=self.settings.scrape.staleness_threshold,
             engine_label=self.settings.scrape.engine_label,
             flow=self.flow,
+            refresh_interval=self._refresh_interval,
             clock=self._clock,
         )
         render = self.metrics.render

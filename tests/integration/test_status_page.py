@@ -29,6 +29,7 @@ async def test_status_json_shows_pool_endpoints_and_decisions_and_never_a_prompt
     assert PROMPT_MARKER not in raw
     assert status["ready"] is True
     assert status["pool"]["name"] == "pool"
+    assert status["refreshIntervalSeconds"] == stack.app.settings.scrape.refresh_interval > 0
     assert [(m["name"], m["criticality"]) for m in status["models"]] == [
         ("base", "Critical"),
         ("batch", "Sheddable"),

@@ -170,12 +170,15 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
         labels = '{model_name="m",target_model_name="m"}'
         assert seen[f"inference_model_request_total{labels}"] == sent
         assert seen["inference_extension_workers_serving"] == 2
+        # scraping is the parent's: its interval, not a sum with the workers' unset gauges
+        assert seen["inference_extension_metrics_refresh_interval_seconds"] == 0.1
         async with session.get(f"http://127.0.0.1:{metrics_port}/api/status") as response:
             status = await response.json()
         assert {d["worker"] for d in status["decisions"]} == {0, 1}  # collected from both
         assert status["inFlight"] == 0  # the shared table, every stream finished
         assert [e["inFlight"] for e in status["endpoints"]] == [0] * len(ADDRESSES)
         assert all(not e["stale"] for e in status["endpoints"])  # scraped by the parent
+        assert status["refreshIntervalSeconds"] == 0.1
 
         os.kill(first_pids[0], signal.SIGKILL)
         await epp.wait_for(

@@ -79,6 +79,8 @@ class StatusView:
     staleness_threshold: float
     engine_label: str
     flow: QueueSizes | None = None
+    # the seconds between two scrapes of an endpoint now (the CPU budget may stretch them)
+    refresh_interval: Callable[[], float] | None = None
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
 
@@ -119,6 +121,9 @@ class StatusView:
             "pool": _pool(state),
             "models": [_model(m) for m in _models(state)],
             "stalenessThresholdSeconds": self.staleness_threshold,
+            "refreshIntervalSeconds": (
+                round(self.refresh_interval(), 3) if self.refresh_interval is not None else None
+            ),
             "endpoints": endpoints,
             "inFlight": self.inflight.total,
             "flowControl": self._flow_control(state),

@@ -88,6 +88,9 @@
     const detail = p
       ? `${p.apiVersion} \u00b7 target ports ${p.targetPorts.join(", ")} \u00b7 selector ` +
         (Object.entries(p.selector).map(([k, v]) => `${k}=${v}`).join(", ") || "(none)") +
+        (s.refreshIntervalSeconds === null || s.refreshIntervalSeconds === undefined
+          ? ""
+          : ` \u00b7 scraped every ${age(s.refreshIntervalSeconds)}`) +
         ` \u00b7 metrics stale after ${age(s.stalenessThresholdSeconds)}`
       : "no pool loaded";
     setText($("pool-detail"), detail);
