@@ -82,8 +82,9 @@ def freeze_startup_heap() -> None:
     request (modules, protobuf descriptors, the pool, the placement ring): a few hundred
     thousand objects that every gen-2 collection walks again, 40-100 ms a time during which no
     pick is answered. Frozen (``gc.freeze``), they are skipped; what is built later is
-    collected as usual. Process-wide, so the process's entry point calls it once it serves,
-    never ``App`` itself (tests run many apps in one process).
+    collected as usual. Process-wide, so the process's entry point calls it (``epp serve`` once
+    it serves, a worker once caught up, before it listens), never ``App`` itself (tests run
+    many apps in one process).
     """
     gc.collect()
     gc.freeze()

@@ -87,6 +87,8 @@ class Worker:
         await asyncio.wait((caught_up, stopped), return_when=asyncio.FIRST_COMPLETED)
         caught_up.cancel()
         stopped.cancel()
+        # Before listening: the collection this starts with must not hold a first request.
+        freeze_startup_heap()
 
     async def _follow_parent(self) -> None:
         try:
@@ -175,7 +177,6 @@ async def _run(channel_fd: int, table_fd: int) -> int:
         # listens only once the parent's pool and snapshots are applied (``_catch_up``)
         await worker.app.start()
         if not stop.is_set():
-            freeze_startup_heap()
             worker.serving()
         limit = init.settings.server.worker_max_requests
         if limit > 0:

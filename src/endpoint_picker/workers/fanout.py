@@ -66,7 +66,7 @@ class Publisher:
             asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
-        """Send the snapshots gathered since the last frame, in one frame."""
+        """Send the snapshots gathered since the last flush, ``FRAME_SNAPSHOTS`` a frame."""
         self._flush_scheduled = False
         if self._pending:
             items, self._pending = tuple(self._pending.values()), {}
