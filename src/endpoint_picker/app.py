@@ -82,9 +82,10 @@ def freeze_startup_heap() -> None:
     request (modules, protobuf descriptors, the pool, the placement ring): a few hundred
     thousand objects that every gen-2 collection walks again, 40-100 ms a time during which no
     pick is answered. Frozen (``gc.freeze``), they are skipped; what is built later is
-    collected as usual. Process-wide, so the process's entry point calls it (``epp serve`` once
-    it serves, a worker once caught up, before it listens), never ``App`` itself (tests run
-    many apps in one process).
+    collected as usual. Process-wide, so the process's entry point asks for it (``epp serve``
+    and a worker, once the pool is in and before ext_proc listens, so that the collection it
+    starts with holds no request; a workers' parent, which routes nothing, once started), never
+    ``App`` itself (tests run many apps in one process).
     """
     gc.collect()
     gc.freeze()
@@ -103,8 +104,10 @@ class App:
         health: HealthState | None = None,
         routers: Routers | None = None,
         worker: WorkerRole | None = None,
+        before_listen: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
+        self._before_listen = before_listen  # once the pool is loaded, before ext_proc listens
         self._clock = clock
         self._rng = rng or random.Random()
         self._routers = routers
@@ -372,6 +375,8 @@ class App:
         if director is not None:
             if self._worker is not None and self._worker.before_listen is not None:
                 await self._worker.before_listen()
+            if self._before_listen is not None:
+                self._before_listen()
             ext_port = await self._start_ext_proc(director, tls, client_ca)
         else:
             assert self._routers is not None

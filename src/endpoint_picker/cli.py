@@ -508,7 +508,7 @@ async def _serve(settings: Settings) -> None:
 
         app = build_parent(settings)
     else:
-        app = App(settings)
+        app = App(settings, before_listen=freeze_startup_heap)
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -526,7 +526,8 @@ async def _serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, on_signal)
     try:
         await app.start()
-        freeze_startup_heap()
+        if settings.server.supervised:  # the parent routes nothing: no request to hold
+            freeze_startup_heap()
         await app.wait_stopped()
     finally:
         await app.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +18,8 @@ from tests.support.extproc import (
     running_app,
 )
 from tests.support.pool import model, pod, pool, pool_yaml
+
+from endpoint_picker.app import App
 
 TEXT = pool_yaml(pool(), model("m", targets={"m-v1": 1}), pod("a", "127.0.0.2"))
 
@@ -155,3 +158,24 @@ async def test_invalid_usage_and_process_metrics_on_the_metrics_port(tmp_path: P
     assert interval == settings.scrape.refresh_interval > 0
     assert 0 <= samples["inference_extension_metrics_scrape_cpu_share"].value < 0.5
     assert samples["inference_extension_metrics_scrape_steps_deferred_total"].value == 0
+
+
+async def test_before_listen_runs_once_with_the_pool_in_and_no_port_open(tmp_path: Path) -> None:
+    """``epp serve`` freezes its start-up heap here: after the pool loads, before ext_proc
+    listens, so the collection that comes with it holds no request."""
+    seen: list[tuple[int, int]] = []
+    app_ref: list[Any] = []
+
+    def before_listen() -> None:
+        app = app_ref[0]
+        seen.append((len(app.datastore.endpoints), app.ports.ext_proc))
+
+    settings = make_settings(tmp_path, TEXT)
+    app = App(settings, before_listen=before_listen)
+    app_ref.append(app)
+    await app.start()
+    try:
+        assert seen == [(1, 0)]  # one endpoint loaded, no ext_proc port yet
+        assert app.ports.ext_proc > 0
+    finally:
+        await app.stop(drain_timeout=0.5)

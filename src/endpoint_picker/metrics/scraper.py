@@ -22,8 +22,9 @@ pages from then on (logged once).
 Tasks are spread over the interval (a random first delay) and run at a fixed rate; the interval
 is stretched by ``ScrapeBudget`` when the measured cost of scraping every endpoint at
 ``refresh_interval`` would exceed ``cpu_budget`` of one core. Scrapes that come due or are
-answered together pass a ``TurnGate`` before they send and before they parse: about a
-millisecond of them per event-loop iteration, so that a burst never holds a pick for long.
+answered together pass a ``TurnGate`` before they send and before they parse: steps run until
+a millisecond has passed in an event-loop iteration, then 16 per following iteration, so that
+a burst is cut into slices a pick can slip between.
 """
 
 from __future__ import annotations
@@ -279,9 +280,10 @@ class ScrapeManager:
         self._meter_in -= 1
         if self._meter_in > 0:
             body = await target.client.get()
+            received = self._clock()  # the page's age starts now, not after a wait at the gate
             if not gate.admit():
                 await gate.wait()
-            return parse_metrics(body, target.names, self._clock(), target.hints)
+            return parse_metrics(body, target.names, received, target.hints)
         self._meter_in = _METER_EVERY
         metered = Metered(target.client.get())
         try:
@@ -289,11 +291,12 @@ class ScrapeManager:
         except BaseException:
             self.budget.record(metered.cpu)
             raise
+        received = self._clock()
         if not gate.admit():
             await gate.wait()
         parse_started = thread_time()
         try:
-            return parse_metrics(body, target.names, self._clock(), target.hints)
+            return parse_metrics(body, target.names, received, target.hints)
         finally:
             self.budget.record(metered.cpu + thread_time() - parse_started)
 

@@ -19,6 +19,7 @@ from tests.unit.metrics.metrics_builders import (
 )
 
 from endpoint_picker.metrics.scraper import ScrapeManager
+from endpoint_picker.metrics.turns import TurnGate
 from endpoint_picker.settings import ScrapeSettings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
@@ -396,3 +397,35 @@ async def test_slow_or_bad_pages_are_not_unreachable(
         await until(lambda: bool(events(logs, "scrape failed")))
         await asyncio.sleep(0.1)
     assert unreachable == []
+
+
+class AlwaysLater(TurnGate):
+    """A gate that never admits at once: every step waits for a later iteration."""
+
+    def admit(self) -> bool:
+        return False
+
+
+async def test_scrapes_pass_the_turn_gate(servers: Any) -> None:
+    """Every send and every parse waits at the gate when it says so; each endpoint still gets
+    its snapshots, and stop() leaves nothing waiting there."""
+    hosts = [await servers(f"127.0.0.{n}", vllm_page(queue=n)) for n in range(40, 46)]
+    recorder = Recorder()
+    manager = ScrapeManager(FAST, recorder)
+    manager.gate = AlwaysLater(batch=1)
+    manager.set_endpoints([host.endpoint() for host in hosts])
+    await manager.start()
+    try:
+        for host in hosts:
+            hostport = host.endpoint().hostport
+            await until(lambda hostport=hostport: recorder.count(hostport) >= 2)
+    finally:
+        await manager.stop()
+    snapshots = sum(recorder.count(host.endpoint().hostport) for host in hosts)
+    assert manager.gate.deferred >= 2 * snapshots  # a wait before its send and its parse
+    assert {recorder.latest(h.endpoint().hostport).waiting_queue_size for h in hosts} == set(
+        range(40, 46)
+    )
+    await asyncio.sleep(0)  # the gate's pending turn skips the cancelled
+    assert manager.gate.waiting == 0
+    assert scrape_tasks() == []

@@ -56,6 +56,19 @@ def test_pool_and_process_families_come_from_the_parent_alone() -> None:
     assert merged["process_start_time_seconds"] == samples(parent)["process_start_time_seconds"]
 
 
+def test_scraping_families_come_from_the_parent_alone() -> None:
+    """The parent scrapes for every worker: its interval, CPU share and deferred steps are the
+    view, whatever a worker's registry holds."""
+    parent_metrics = EppMetrics(lambda: PoolStats("pool", 0.5, 2.0, 3))
+    parent_metrics.track_scraping(lambda: 0.25, lambda: 0.4, lambda: 7.0)
+    worker_metrics = worker(1)
+    worker_metrics.track_scraping(lambda: 5.0, lambda: 0.9, lambda: 100.0)
+    merged = samples(merge_expositions(parent_metrics.render(), [worker_metrics.render()] * 2))
+    assert merged["inference_extension_metrics_refresh_interval_seconds"] == 0.25
+    assert merged["inference_extension_metrics_scrape_cpu_share"] == 0.4
+    assert merged["inference_extension_metrics_scrape_steps_deferred_total"] == 7.0
+
+
 def test_merging_one_exposition_changes_nothing() -> None:
     """Names, labels, help, types and values survive the parse-and-render round trip."""
     text = worker(2).render()
