@@ -276,24 +276,23 @@ class ScrapeManager:
     async def _fetch(self, target: _Target) -> MetricsSnapshot:
         """One GET and parse. One in ``_METER_EVERY`` records its CPU in the budget, whatever
         the outcome: reading the thread's CPU clock is a system call, several a scrape."""
-        gate = self.gate
         self._meter_in -= 1
+        metered: Metered[bytes] | None = None
         if self._meter_in > 0:
             body = await target.client.get()
-            received = self._clock()  # the page's age starts now, not after a wait at the gate
-            if not gate.admit():
-                await gate.wait()
+        else:
+            self._meter_in = _METER_EVERY
+            metered = Metered(target.client.get())
+            try:
+                body = await metered
+            except BaseException:
+                self.budget.record(metered.cpu)
+                raise
+        received = self._clock()  # the page's age starts now, not after a wait at the gate
+        if not self.gate.admit():
+            await self.gate.wait()
+        if metered is None:
             return parse_metrics(body, target.names, received, target.hints)
-        self._meter_in = _METER_EVERY
-        metered = Metered(target.client.get())
-        try:
-            body = await metered
-        except BaseException:
-            self.budget.record(metered.cpu)
-            raise
-        received = self._clock()
-        if not gate.admit():
-            await gate.wait()
         parse_started = thread_time()
         try:
             return parse_metrics(body, target.names, received, target.hints)

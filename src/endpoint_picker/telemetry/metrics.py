@@ -177,19 +177,16 @@ class _PoolCollector(Collector):
 
 
 class _CallbackCounter(Collector):
-    """A counter whose owner keeps the count (read at scrape time; absent until tracked)."""
+    """A counter whose owner keeps the count: ``read`` at scrape time, absent until set."""
 
-    def __init__(
-        self, name: str, documentation: str, source: Callable[[], Callable[[], float] | None]
-    ) -> None:
+    def __init__(self, name: str, documentation: str) -> None:
         self._name = name
         self._documentation = documentation
-        self._source = source
+        self.read: Callable[[], float] | None = None
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        read = self._source()
-        if read is not None:
-            yield CounterMetricFamily(self._name, self._documentation, value=read())
+        if self.read is not None:
+            yield CounterMetricFamily(self._name, self._documentation, value=self.read())
 
 
 class _Children:
@@ -406,13 +403,12 @@ class EppMetrics:
             "Estimated fraction of one core that scraping the model servers uses.",
             registry=r,
         )
-        self._scrapes_deferred: Callable[[], float] | None = None
-        r.register(_CallbackCounter(
+        self._scrapes_deferred = _CallbackCounter(
             "inference_extension_metrics_scrape_steps_deferred",
             "Scrape steps (a send or a parse) that waited for a later event-loop turn because "
             "scrapes that came due together had used this turn's share.",
-            lambda: self._scrapes_deferred,
-        ))  # fmt: skip
+        )
+        r.register(self._scrapes_deferred)
         # Read when /metrics is rendered, which the metrics server does on the event loop; a
         # count that climbs under steady load is a leak (benchmarks/bench_soak.py watches it).
         self.event_loop_tasks = Gauge(
@@ -519,7 +515,7 @@ class EppMetrics:
     ) -> None:
         self.scrape_interval.set_function(interval)
         self.scrape_cpu_share.set_function(cpu_share)
-        self._scrapes_deferred = deferred
+        self._scrapes_deferred.read = deferred
 
     def pool_reload(self, result: str) -> None:
         """The pool source's observer: one settled change and its outcome."""
