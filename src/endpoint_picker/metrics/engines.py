@@ -81,6 +81,12 @@ class EngineMetricNames:
     block_size: Specs = ()
     num_gpu_blocks: Specs = ()
     model_label: str = "model_name"
+    # Every spec's name as bytes: the families a one-pass parse keeps.
+    needles: frozenset[bytes] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = self.metric_names()
+        object.__setattr__(self, "needles", frozenset(name.encode() for name in names))
 
     def metric_names(self) -> tuple[str, ...]:
         """Every metric name the fields read, each once, in field order: what a scrape asks

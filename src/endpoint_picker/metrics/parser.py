@@ -15,6 +15,12 @@ the group's first line: a comment or blank line may split a group, and only one 
 heads it on a well-formed page), otherwise the whole page is searched. On vLLM's page the
 LoRA and cache-config families come last, and two full searches for them were most of a parse.
 
+A page of at most ``SCAN_MAX_BYTES`` is read in one pass over its lines instead: what a server
+that honours ``/metrics?name[]=...`` answers (vLLM's, about 2 KB, the scraper's default request)
+has a couple of lines per family, and five searches with their bookkeeping cost twice one
+pass. Both readings take the same lines: a family's first group, up to its first line that
+belongs to another family or is a comment.
+
 Aggregation across series (data-parallel ranks differ by an ``engine`` label; any other labels,
 in any order, are ignored unless a spec matches on them): queues and running requests are
 summed, KV usage is averaged, the LoRA series with the largest value (a timestamp) wins, cache
@@ -28,6 +34,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Callable
 from functools import lru_cache
 
 from endpoint_picker.errors import EppError
@@ -35,6 +42,9 @@ from endpoint_picker.metrics.engines import EngineMetricNames, MetricSpec, Specs
 from endpoint_picker.types import MetricsSnapshot
 
 _BOUNDARY = frozenset(b"{ \t")
+SCAN_MAX_BYTES = 8192  # pages up to this size are read in one pass over their lines
+# A sample line's metric name: what comes before its first brace, space or tab.
+_SAMPLE_NAME = re.compile(rb"[^{ \t]*+(?=[{ \t])")
 _HINT_WINDOW = 2048  # bytes either side of a family's previous offset
 _MAX_FLOAT = sys.float_info.max
 # One label pair; values may hold escaped quotes, commas and braces.
@@ -51,6 +61,7 @@ class MetricsParseError(EppError):
 
 
 Hints = dict[bytes, int]  # a family's needle -> where its first sample line was last time
+Family = Callable[[bytes], list[Sample] | None]  # a family's samples by needle; None if absent
 
 
 def parse_metrics(
@@ -63,8 +74,16 @@ def parse_metrics(
     Raises ``MetricsParseError`` when a configured required metric (``queue``, ``kv_usage``) is
     absent, so that a wrong page never replaces a good snapshot with zeros.
     """
-    queue = _first_present(text, names.queue, hints)
-    kv_usage = _first_present(text, names.kv_usage, hints)
+    family: Family
+    if len(text) <= SCAN_MAX_BYTES:
+        family = _scan(text, names.needles).get
+    else:
+
+        def family(needle: bytes) -> list[Sample] | None:
+            return _search(text, needle, hints)
+
+    queue = _first_present(family, names.queue)
+    kv_usage = _first_present(family, names.kv_usage)
     missing = [
         " or ".join(map(str, specs))
         for specs, samples in ((names.queue, queue), (names.kv_usage, kv_usage))
@@ -73,11 +92,11 @@ def parse_metrics(
     if missing:
         raise MetricsParseError(f"missing metrics: {'; '.join(missing)}")
 
-    running = _first_present(text, names.running, hints)
+    running = _first_present(family, names.running)
     kv_values = [value for _, value in kv_usage or ()]
-    active, waiting, max_lora = _lora(_first_present(text, names.lora_info, hints))
+    active, waiting, max_lora = _lora(_first_present(family, names.lora_info))
     base_models = _label_values(queue, names.model_label) if names.model_label else frozenset()
-    block_size, num_blocks = _cache_geometry(text, names, hints)
+    block_size, num_blocks = _cache_geometry(family, names)
     return MetricsSnapshot(
         waiting_queue_size=_count(queue),
         running_requests=_count(running),
@@ -101,17 +120,44 @@ def _clamp(value: float) -> float:
     return max(0.0, min(value, _MAX_FLOAT))
 
 
-def _first_present(text: bytes, specs: Specs, hints: Hints | None) -> list[Sample] | None:
-    """The finite samples of the first spec whose family is in ``text``; ``None`` if none is."""
+def _first_present(family: Family, specs: Specs) -> list[Sample] | None:
+    """The samples of the first spec whose family is in the page (those its label matchers
+    take); ``None`` if none is."""
     for spec in specs:
-        samples = _samples(text, spec, hints)
+        samples = family(spec.needle)
         if samples is not None:
-            return samples
+            if not spec.labels:
+                return samples
+            return [sample for sample in samples if _matches(sample[0], spec)]
     return None
 
 
-def _samples(text: bytes, spec: MetricSpec, hints: Hints | None) -> list[Sample] | None:
-    needle = spec.needle
+def _scan(text: bytes, needles: frozenset[bytes]) -> dict[bytes, list[Sample]]:
+    """The finite samples of each family in ``needles`` found in ``text``, in one pass."""
+    groups: dict[bytes, list[Sample]] = {}
+    group: list[Sample] | None = None  # the family the previous line belongs to, if wanted
+    group_name = b""
+    head = _SAMPLE_NAME.match
+    for line in text.split(b"\n"):
+        found = head(line)
+        if found is None:  # a comment, a blank line, no sample: the group ends
+            group = None
+            continue
+        name = found.group()
+        if group is None or name != group_name:
+            if name not in needles or name in groups:  # another family, or a later group
+                group = None
+                continue
+            group = groups[name] = []
+            group_name = name
+        sample = _sample(line[len(name) :].rstrip(b"\r"))
+        if sample is not None and math.isfinite(sample[1]):
+            group.append(sample)
+    return groups
+
+
+def _search(text: bytes, needle: bytes, hints: Hints | None) -> list[Sample] | None:
+    """The finite samples of family ``needle``, found with ``bytes.find``; ``None`` if absent."""
     size = len(needle)
     start = _hinted_start(text, needle, hints) if hints is not None else -1
     if start < 0:
@@ -129,7 +175,7 @@ def _samples(text: bytes, spec: MetricSpec, hints: Hints | None) -> list[Sample]
         if end < 0:
             end = len(text)
         sample = _sample(text[start + size : end].rstrip(b"\r"))
-        if sample is not None and math.isfinite(sample[1]) and _matches(sample[0], spec):
+        if sample is not None and math.isfinite(sample[1]):
             samples.append(sample)
         start = end + 1
         if not (text.startswith(needle, start) and text[start + size : start + size + 1] in _NEXT):
@@ -231,6 +277,12 @@ def _lora(samples: list[Sample] | None) -> tuple[frozenset[str], frozenset[str],
     if not samples:
         return frozenset(), frozenset(), None
     block, _ = max(samples, key=lambda sample: sample[1])
+    return _lora_state(block)
+
+
+# A server's LoRA info block changes only when its adapters do: decode each distinct one once.
+@lru_cache(maxsize=1024)
+def _lora_state(block: bytes) -> tuple[frozenset[str], frozenset[str], int]:
     labels = parse_labels(block)
     return (
         _adapters(labels.get("running_lora_adapters", "")),
@@ -243,19 +295,17 @@ def _adapters(listing: str) -> frozenset[str]:
     return frozenset(name for part in listing.split(",") if (name := part.strip()))
 
 
-def _cache_geometry(
-    text: bytes, names: EngineMetricNames, hints: Hints | None
-) -> tuple[int | None, int | None]:
+def _cache_geometry(family: Family, names: EngineMetricNames) -> tuple[int | None, int | None]:
     block_size = num_blocks = None
-    info = _first_present(text, names.cache_info, hints)
+    info = _first_present(family, names.cache_info)
     if info:
         labels = parse_labels(info[0][0])
         block_size = _int(labels.get(names.cache_block_size_label))
         num_blocks = _int(labels.get(names.cache_num_blocks_label))
     if block_size is None:
-        block_size = _gauge_int(_first_present(text, names.block_size, hints))
+        block_size = _gauge_int(_first_present(family, names.block_size))
     if num_blocks is None:
-        num_blocks = _gauge_int(_first_present(text, names.num_gpu_blocks, hints))
+        num_blocks = _gauge_int(_first_present(family, names.num_gpu_blocks))
     return block_size, num_blocks
 
 

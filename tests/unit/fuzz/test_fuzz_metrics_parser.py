@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from endpoint_picker.metrics import parser
 from endpoint_picker.metrics.engines import (
     BUILTIN_ENGINES,
     EngineMetricNames,
@@ -322,6 +324,65 @@ GARBAGE_ATOMS = st.sampled_from(
 def test_garbage_text(atoms: list[str], engine: str) -> None:
     """Metric-like garbage gives a sane snapshot or a MetricsParseError, nothing else."""
     check_snapshot("".join(atoms).encode(), ENGINES[engine])
+
+
+def parse_both_ways(text: bytes, names: EngineMetricNames) -> list[MetricsSnapshot | str]:
+    """The outcome (a snapshot, or the error's message) of the one-pass reading and of the
+    search, whatever the page's size."""
+    outcomes: list[MetricsSnapshot | str] = []
+    for scan_max in (len(text), len(text) - 1):  # scanned, then searched
+        with patch.object(parser, "SCAN_MAX_BYTES", scan_max):
+            try:
+                outcomes.append(parse_metrics(text, names, now=1.0))
+            except MetricsParseError as exc:
+                outcomes.append(str(exc))
+    return outcomes
+
+
+# Lines that start, continue, split and end families' groups (a read family may come back
+# after another one, a comment or a blank line: only its first group counts).
+LINE_FORMS = st.sampled_from(
+    [
+        "{name} {value}",
+        '{name}{{engine="{value}",model_name="m"}} {value}',
+        "{name}\t{value} 1700000000",
+        '{name}{{x="}}"}}',  # no value: malformed, but the group goes on
+        "{name}",  # a name alone: no sample line
+        '{name}_bucket{{le="1"}} {value}',
+        "# TYPE {name} gauge",
+        "",
+        " {name} {value}",
+    ]
+)
+LINES = st.builds(
+    str.format,
+    LINE_FORMS,
+    name=st.sampled_from(
+        ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:num_requests"]
+    ),
+    value=st.integers(0, 9).map(str),
+)
+
+
+@given(
+    pages() | st.lists(GARBAGE_ATOMS | st.text(max_size=4), max_size=40).map("".join),
+    st.sampled_from(sorted(ENGINES)),
+)
+def test_one_pass_and_search_read_the_same(text: str, engine: str) -> None:
+    """A page read in one pass over its lines (small pages) and by searching each family
+    (large ones) gives the same snapshot or the same error, well-formed or garbage."""
+    scanned, searched = parse_both_ways(text.encode(), ENGINES[engine])
+    assert scanned == searched
+
+
+@given(st.lists(LINES, max_size=30), st.sampled_from(["\n", "\r\n"]))
+def test_one_pass_and_search_take_the_same_groups(lines: list[str], newline: str) -> None:
+    """Families split by other families, comments, blank or malformed lines: both readings
+    take each family's first group, whole."""
+    required = ["vllm:num_requests_waiting 0", "vllm:kv_cache_usage_perc 0"]  # unless earlier
+    text = newline.join(lines + required)
+    scanned, searched = parse_both_ways(text.encode(), ENGINES["vllm"])
+    assert scanned == searched
 
 
 @given(st.binary(max_size=300), st.sampled_from(sorted(ENGINES)))

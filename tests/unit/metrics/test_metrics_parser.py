@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from tests.unit.metrics.metrics_builders import family, sglang_page, vllm_fixture, vllm_page
 
+from endpoint_picker.metrics import parser
 from endpoint_picker.metrics.engines import BUILTIN_ENGINES, parse_specs
 from endpoint_picker.metrics.parser import MetricsParseError, parse_labels, parse_metrics
 from endpoint_picker.types import MetricsSnapshot
+from endpoint_picker_sim.metrics import restrict
 
 VLLM = BUILTIN_ENGINES["vllm"]
 W, R, KV = "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"
@@ -41,6 +43,15 @@ def test_realistic_vllm_page() -> None:
         num_gpu_blocks=27153,
         updated_at=12.5,
     )
+
+
+def test_filtered_vllm_page_reads_like_the_whole_page() -> None:
+    """The page vLLM answers to ``/metrics?name[]=...`` (2 KB, read in one pass over its lines)
+    gives the snapshot the whole 64 KB page (searched family by family) gives."""
+    whole = vllm_fixture()
+    filtered = restrict(whole.decode(), VLLM.metric_names()).encode()
+    assert len(filtered) <= parser.SCAN_MAX_BYTES < len(whole)
+    assert parse_metrics(filtered, VLLM, now=1.0) == parse_metrics(whole, VLLM, now=1.0)
 
 
 CASES: list[tuple[str, bytes, dict[str, Any]]] = [
