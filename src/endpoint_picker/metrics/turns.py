@@ -8,9 +8,11 @@ snapshot) hold every ext_proc message that arrives meanwhile for 3 ms; a hundred
 gate lets scrape steps run until ``seconds`` have passed in one iteration; the rest wait, in
 order, and ``batch`` of them go on in each following iteration, after the loop has read its
 sockets (woken steps run without looking at the clock, so while some wait an iteration runs
-``batch`` steps: 1-2 ms at 60-140 µs a step). Bursts keep their batching (one wake-up for many
-responses), which is what makes them cheap; they are only cut into slices a pick can slip
-between.
+``batch`` steps: 0.25-0.5 ms at 60-140 µs a step). Bursts keep their batching (one wake-up for
+many responses), which is what makes them cheap; they are only cut into slices a pick can slip
+between. A pick takes several iterations (its headers, its body, the answer), so the slice is
+short: 0.3 ms and 4 steps halved a pick's added p50 at 1,024 endpoints against 1 ms and 16
+(``benchmarks/bench_pool_size.py``); 0.15 ms and 2 gained nothing more.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-DEFAULT_SECONDS = 0.001  # scrape work one iteration may do before the rest waits
-DEFAULT_BATCH = 16  # waiting scrape steps let go per iteration
+DEFAULT_SECONDS = 0.0003  # scrape work one iteration may do before the rest waits
+DEFAULT_BATCH = 4  # waiting scrape steps let go per iteration
 
 
 class TurnGate:

@@ -27,14 +27,14 @@ DEFAULT_CAPACITY = 4096  # slots; endpoints past it are counted by their own wor
 class InFlightTable:
     """``rows`` x ``capacity`` int64 cells in a memfd; ``fd`` is inherited by the workers."""
 
-    __slots__ = ("_cells", "_map", "capacity", "fd", "rows")
+    __slots__ = ("_map", "capacity", "cells", "fd", "rows")
 
     def __init__(self, fd: int, rows: int, capacity: int) -> None:
         self.fd = fd
         self.rows = rows
         self.capacity = capacity
         self._map = mmap.mmap(fd, rows * capacity * CELL)
-        self._cells = memoryview(self._map).cast("q")
+        self.cells = memoryview(self._map).cast("q")  # row-major: row * capacity + slot
 
     @classmethod
     def create(cls, rows: int, capacity: int = DEFAULT_CAPACITY) -> InFlightTable:
@@ -44,14 +44,14 @@ class InFlightTable:
         return cls(fd, rows, capacity)
 
     def cell(self, row: int, slot: int) -> int:
-        return int(self._cells[row * self.capacity + slot])
+        return int(self.cells[row * self.capacity + slot])
 
     def set(self, row: int, slot: int, value: int) -> None:
-        self._cells[row * self.capacity + slot] = value
+        self.cells[row * self.capacity + slot] = value
 
     def column(self, slot: int, skip: int = -1) -> int:
         """The sum of ``slot`` over every row but ``skip``."""
-        cells, capacity = self._cells, self.capacity
+        cells, capacity = self.cells, self.capacity
         return sum(cells[row * capacity + slot] for row in range(self.rows) if row != skip)
 
     def clear_row(self, row: int) -> None:
@@ -59,7 +59,7 @@ class InFlightTable:
         self._map[start : start + self.capacity * CELL] = bytes(self.capacity * CELL)
 
     def close(self) -> None:
-        self._cells.release()
+        self.cells.release()
         self._map.close()
         os.close(self.fd)
 
@@ -67,16 +67,25 @@ class InFlightTable:
 class TableRow:
     """One worker's view: writes its own row, reads the others' (``scheduling.PeerCounts``)."""
 
-    __slots__ = ("_row", "_slots", "_table")
+    __slots__ = ("_others", "_row", "_slots", "_table")
 
     def __init__(self, table: InFlightTable, row: int) -> None:
         self._table = table
         self._row = row
         self._slots: Mapping[str, int] = {}
+        # Where the other rows start: a pick reads one cell per other worker and candidate
+        # (two endpoint-load passes over 64-plus candidates), so no generator per read.
+        self._others = tuple(r * table.capacity for r in range(table.rows) if r != row)
 
     def others(self, hostport: str) -> int:
         slot = self._slots.get(hostport)
-        return 0 if slot is None else self._table.column(slot, self._row)
+        if slot is None:
+            return 0
+        cells = self._table.cells
+        total = 0
+        for start in self._others:
+            total += cells[start + slot]
+        return total
 
     def publish(self, hostport: str, count: int) -> None:
         slot = self._slots.get(hostport)
