@@ -155,6 +155,7 @@ class App:
             clock=clock,
             cpu_budget=settings.scrape.cpu_budget,
             on_unreachable=self.datastore.mark_unreachable,
+            sliced=routers is None,  # a workers' parent routes nothing: no pick to let through
         )
         scraper = self._scraper
         self.metrics.track_scraping(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from typing import Any
 
@@ -429,3 +430,20 @@ async def test_scrapes_pass_the_turn_gate(servers: Any) -> None:
     await asyncio.sleep(0)  # the gate's pending turn skips the cancelled
     assert manager.gate.waiting == 0
     assert scrape_tasks() == []
+
+
+def busy(seconds: float) -> None:
+    """Hold the event loop (a step's CPU) for ``seconds``."""
+    until_time = time.perf_counter() + seconds
+    while time.perf_counter() < until_time:
+        pass
+
+
+async def test_a_sliced_manager_defers_steps_past_its_share_and_an_unsliced_one_never() -> None:
+    """Sliced (picks share the loop), a step that comes after an iteration's share of scrape
+    work waits; unsliced (a workers' parent), every step runs at once."""
+    for sliced, admitted in ((True, False), (False, True)):
+        gate = ScrapeManager(FAST, Recorder(), sliced=sliced).gate
+        assert gate.admit()
+        busy(0.002)  # a share of 0.3 ms is long gone
+        assert gate.admit() is admitted

@@ -7,7 +7,12 @@ import pickle
 
 from endpoint_picker.datastore.objects import ClusterState, InferencePool, Pod
 from endpoint_picker.types import MetricsSnapshot
-from endpoint_picker.workers.fanout import FRAME_SNAPSHOTS, Publisher, PublishingDatastore
+from endpoint_picker.workers.fanout import (
+    FLUSH_DELAY,
+    FRAME_SNAPSHOTS,
+    Publisher,
+    PublishingDatastore,
+)
 from endpoint_picker.workers.messages import (
     MetricsUpdate,
     PoolUpdate,
@@ -29,34 +34,57 @@ def decode(frames: list[bytes]) -> list[object]:
     return [pickle.loads(frame[4:]) for frame in frames]
 
 
-async def test_snapshots_of_one_loop_turn_share_one_frame_and_late_ones_are_dropped() -> None:
-    """Two scrapes finishing in one turn are one MetricsUpdate; a removed pod's is not sent."""
+async def test_snapshots_within_the_delay_share_one_frame() -> None:
+    """Scrapes finishing within FLUSH_DELAY are one MetricsUpdate, sent when it has passed, with
+    the newest snapshot of each endpoint; a removed pod's late one is not sent."""
     frames: list[bytes] = []
     datastore = PublishingDatastore(None, Publisher(SlotMap(), frames.append))
-    datastore.apply(cluster("127.0.0.2", "127.0.0.3"))
-    first, second = datastore.endpoints
+    datastore.apply(cluster("127.0.0.2", "127.0.0.3", "127.0.0.4"))
+    first, second, third = datastore.endpoints
     datastore.update_metrics(first, MetricsSnapshot(waiting_queue_size=1, updated_at=1.0))
     datastore.update_metrics(second, MetricsSnapshot(waiting_queue_size=2, updated_at=1.0))
-    datastore.mark_unreachable(second.hostport, "refused")
-    datastore.mark_unreachable(second.hostport, "refused")  # no change: not sent again
+    datastore.update_metrics(first, MetricsSnapshot(waiting_queue_size=3, updated_at=1.1))
     await asyncio.sleep(0)
     messages = decode(frames)
-    assert isinstance(messages[0], PoolUpdate)
-    assert dict(messages[0].slots) == {first.hostport: 0, second.hostport: 1}
-    assert messages[1] == Unreachable(second.hostport, "refused")
-    assert isinstance(messages[2], MetricsUpdate)
-    assert [e for e, _ in messages[2].snapshots] == [first, second]
-    assert len(messages) == 3
+    assert [type(m) for m in messages] == [PoolUpdate]  # nothing before the delay
+    assert dict(messages[0].slots) == {first.hostport: 0, second.hostport: 1, third.hostport: 2}
+    await asyncio.sleep(FLUSH_DELAY * 2)
+    (update,) = decode(frames[1:])
+    assert update == MetricsUpdate(
+        (
+            (first, MetricsSnapshot(waiting_queue_size=3, updated_at=1.1)),
+            (second, MetricsSnapshot(waiting_queue_size=2, updated_at=1.0)),
+        )
+    )
     frames.clear()
     datastore.apply(cluster("127.0.0.2"))
     datastore.update_metrics(second, MetricsSnapshot(updated_at=2.0))  # a late scrape
-    await asyncio.sleep(0)
+    await asyncio.sleep(FLUSH_DELAY * 2)
     assert [type(m) for m in decode(frames)] == [PoolUpdate]
 
 
-async def test_many_snapshots_of_one_turn_go_out_in_bounded_frames() -> None:
+async def test_an_unreachable_mark_follows_the_snapshots_gathered_before_it() -> None:
+    """A mark goes out at once, after the gathered snapshots (a worker clears a mark on a
+    snapshot, so one sent later would undo it); a repeated mark is not sent again."""
+    frames: list[bytes] = []
+    datastore = PublishingDatastore(None, Publisher(SlotMap(), frames.append))
+    datastore.apply(cluster("127.0.0.2", "127.0.0.3"))
+    _, second = datastore.endpoints
+    frames.clear()
+    datastore.update_metrics(second, MetricsSnapshot(waiting_queue_size=2, updated_at=1.0))
+    datastore.mark_unreachable(second.hostport, "refused")
+    datastore.mark_unreachable(second.hostport, "refused")  # no change: not sent again
+    assert decode(frames) == [
+        MetricsUpdate(((second, MetricsSnapshot(waiting_queue_size=2, updated_at=1.0)),)),
+        Unreachable(second.hostport, "refused"),
+    ]
+    await asyncio.sleep(FLUSH_DELAY * 2)
+    assert len(frames) == 2
+
+
+async def test_many_snapshots_go_out_in_bounded_frames() -> None:
     """A burst of scrapes is several frames of at most FRAME_SNAPSHOTS, every snapshot once, in
-    order: a worker reads its ext_proc sockets between two frames."""
+    order (a worker reads its ext_proc sockets between two frames); full frames go at once."""
     frames: list[bytes] = []
     datastore = PublishingDatastore(None, Publisher(SlotMap(), frames.append))
     count = 2 * FRAME_SNAPSHOTS + 5
@@ -64,7 +92,8 @@ async def test_many_snapshots_of_one_turn_go_out_in_bounded_frames() -> None:
     frames.clear()
     for n, endpoint in enumerate(datastore.endpoints):
         datastore.update_metrics(endpoint, MetricsSnapshot(waiting_queue_size=n, updated_at=1.0))
-    await asyncio.sleep(0)
+    assert len(frames) == 2  # the full ones
+    await asyncio.sleep(FLUSH_DELAY * 2)
     updates = decode(frames)
     assert all(isinstance(m, MetricsUpdate) for m in updates)
     sizes = [len(m.snapshots) for m in updates]  # type: ignore[attr-defined]
