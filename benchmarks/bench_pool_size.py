@@ -19,6 +19,12 @@ the metrics age (median over endpoints and samples, and the 99th percentile): wh
 scheduler sees; and from the EPP's ``/metrics`` the scrape interval the CPU budget settled on
 and the scrape steps its ``TurnGate`` deferred a second. Everything shares this machine's 2
 cores (the fleet Envoy, the EPP, the client).
+
+``--beside M`` runs, for the whole benchmark, a second load in another process: a
+``ScrapeManager`` following M more endpoints (their own fleet Envoy, on 127.0.100.2 and up) at
+``--beside-interval`` (``bench_scrape_budget.py --fixed``). With M = 1,024 that is the work a
+1,024-endpoint pool's scraping puts on the machine; beside a 16-endpoint pool it tells what of a
+large pool's pick latency is the machine's load rather than the pool's size.
 """
 
 from __future__ import annotations
@@ -27,12 +33,16 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -54,9 +64,9 @@ from bench_extproc import (  # the fleet Envoy and the pool file of that benchma
 PORT = 18000
 
 
-def addresses(count: int) -> list[str]:
-    """``count`` endpoints on 127.0.1.2 and up (250 per /24)."""
-    return [f"127.0.{1 + i // 250}.{2 + i % 250}:{PORT}" for i in range(count)]
+def addresses(count: int, first_subnet: int = 1) -> list[str]:
+    """``count`` endpoints on 127.0.<first_subnet>.2 and up (250 per /24)."""
+    return [f"127.0.{first_subnet + i // 250}.{2 + i % 250}:{PORT}" for i in range(count)]
 
 
 def _headers() -> pb.ProcessingRequest:
@@ -212,6 +222,33 @@ def measure(mode: str, endpoints: list[str], args: argparse.Namespace, tmp: Path
     )
 
 
+@contextlib.contextmanager
+def scraping_beside(count: int, interval: float, envoy: str) -> Iterator[None]:
+    """``bench_scrape_budget.py`` over ``count`` endpoints of its own, in its own process group,
+    running until the block ends (then interrupted, so that it stops its fleet Envoy)."""
+    if count <= 0:
+        yield
+        return
+    argv = [sys.executable, str(Path(__file__).with_name("bench_scrape_budget.py")),
+            "--sizes", str(count), "--fixed", str(interval), "--seconds", "86400",
+            "--warmup", "0", "--first-subnet", "100", "--envoy", envoy]  # fmt: skip
+    background = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(20)  # its fleet up and every endpoint scraped a few times
+        if background.poll() is not None:
+            raise RuntimeError(f"the scraper beside exited ({background.returncode})")
+        print(f"beside: {count} endpoints scraped every {interval * 1e3:.0f} ms", flush=True)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(background.pid, signal.SIGINT)
+        try:
+            background.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(background.pid, signal.SIGKILL)
+            background.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="16,256,1024")
@@ -220,15 +257,18 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="picks per second")
     parser.add_argument("--rounds", type=int, default=1, help="alternate the modes N times")
     parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
+    parser.add_argument("--beside", type=int, default=0, help="endpoints scraped beside")
+    parser.add_argument("--beside-interval", type=float, default=0.22, help="seconds")
     args = parser.parse_args()
-    for size in (int(s) for s in args.sizes.split(",")):
-        endpoints = addresses(size)
-        with tempfile.TemporaryDirectory(prefix="bench-pool-size-") as tmp_name:
-            tmp = Path(tmp_name)
-            with backend_fleet(args.envoy, endpoints, tmp, within=120):
-                for _ in range(args.rounds):
-                    for mode in args.modes.split(","):
-                        print(measure(mode, endpoints, args, tmp), flush=True)
+    with scraping_beside(args.beside, args.beside_interval, args.envoy):
+        for size in (int(s) for s in args.sizes.split(",")):
+            endpoints = addresses(size)
+            with tempfile.TemporaryDirectory(prefix="bench-pool-size-") as tmp_name:
+                tmp = Path(tmp_name)
+                with backend_fleet(args.envoy, endpoints, tmp, within=120):
+                    for _ in range(args.rounds):
+                        for mode in args.modes.split(","):
+                            print(measure(mode, endpoints, args, tmp), flush=True)
 
 
 if __name__ == "__main__":

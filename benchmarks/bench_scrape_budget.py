@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -44,7 +45,7 @@ async def measure(count: int, args: argparse.Namespace) -> str:
     settings = ScrapeSettings(refresh_interval=args.fixed if fixed else 0.05)
     manager = ScrapeManager(settings, on_snapshot, cpu_budget=0.0 if fixed else args.budget)
     endpoints = []
-    for i, hostport in enumerate(addresses(count)):
+    for i, hostport in enumerate(addresses(count, args.first_subnet)):
         host, port = hostport.rsplit(":", 1)
         endpoints.append(Endpoint(f"pod-{i}", "ns", host, int(port)))
     manager.set_endpoints(endpoints)
@@ -74,12 +75,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--first-subnet", type=int, default=1, help="endpoints on 127.0.N.2 up")
     parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with (
         tempfile.TemporaryDirectory() as tmp,
-        backend_fleet(args.envoy, addresses(max(sizes)), Path(tmp), within=120),
+        backend_fleet(args.envoy, addresses(max(sizes), args.first_subnet), Path(tmp), within=120),
     ):
         for _ in range(args.rounds):
             for size in sizes:
@@ -87,4 +89,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C, or the end of a run beside another
+        main()
