@@ -231,12 +231,14 @@ def scraping_beside(count: int, interval: float, envoy: str) -> Iterator[None]:
         return
     argv = [sys.executable, str(Path(__file__).with_name("bench_scrape_budget.py")),
             "--sizes", str(count), "--fixed", str(interval), "--seconds", "86400",
-            "--warmup", "0", "--first-subnet", "100", "--envoy", envoy]  # fmt: skip
-    background = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
+            "--warmup", "3", "--first-subnet", "100", "--envoy", envoy, "--announce"]  # fmt: skip
+    background = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(20)  # its fleet up and every endpoint scraped a few times
-        if background.poll() is not None:
-            raise RuntimeError(f"the scraper beside exited ({background.returncode})")
+        assert background.stdout is not None
+        # its fleet up (within its own 120 s) and every endpoint scraped for 3 s
+        line = background.stdout.readline()
+        if not line.startswith("scraping"):
+            raise RuntimeError(f"the scraper beside exited ({background.wait()})")
         print(f"beside: {count} endpoints scraped every {interval * 1e3:.0f} ms", flush=True)
         yield
     finally:

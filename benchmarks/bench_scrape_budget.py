@@ -52,6 +52,8 @@ async def measure(count: int, args: argparse.Namespace) -> str:
     await manager.start()
     try:
         await asyncio.sleep(args.warmup)
+        if args.announce:
+            print(f"scraping {count} endpoints, warmed up", flush=True)
         cpu, wall, seen = time.process_time(), time.monotonic(), scrapes
         await asyncio.sleep(args.seconds)
         cpu, wall, seen = time.process_time() - cpu, time.monotonic() - wall, scrapes - seen
@@ -76,6 +78,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--first-subnet", type=int, default=1, help="endpoints on 127.0.N.2 up")
+    parser.add_argument("--announce", action="store_true", help="say when each warm-up is done")
     parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -97,7 +97,7 @@ class EngineMetricNames:
 
 
 _LABEL_FIELDS = frozenset({"cache_block_size_label", "cache_num_blocks_label", "model_label"})
-FIELDS = tuple(f.name for f in fields(EngineMetricNames))
+FIELDS = tuple(f.name for f in fields(EngineMetricNames) if f.init)  # what overrides may set
 
 
 def parse_specs(text: str) -> Specs:

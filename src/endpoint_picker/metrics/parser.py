@@ -17,9 +17,11 @@ LoRA and cache-config families come last, and two full searches for them were mo
 
 A page of at most ``SCAN_MAX_BYTES`` is read in one pass over its lines instead: what a server
 that honours ``/metrics?name[]=...`` answers (vLLM's, about 2 KB, the scraper's default request)
-has a couple of lines per family, and five searches with their bookkeeping cost twice one
-pass. Both readings take the same lines: a family's first group, up to its first line that
-belongs to another family or is a comment.
+has a couple of lines per family, and five searches with their bookkeeping cost more than one
+pass. Both readings take the same lines: a family's first group, up to its first line that is
+a comment, blank, without a name followed by ``{``, a space or a tab, or of another family
+(malformed lines within the group are skipped, not an end). With hints, that holds on a
+well-formed page (each family in one group).
 
 Aggregation across series (data-parallel ranks differ by an ``engine`` label; any other labels,
 in any order, are ignored unless a spec matches on them): queues and running requests are

@@ -128,8 +128,9 @@ def test_new_engine_starts_empty() -> None:
         ({"vllm": {"queues": "x"}}, "metric_overrides.vllm.queues"),
         ({"vllm": {"queue": "1x"}}, "metric_overrides.vllm.queue"),
         ({"x": {"cache_num_blocks_label": "a-b"}}, "metric_overrides.x.cache_num_blocks_label"),
+        ({"vllm": {"needles": "x"}}, "metric_overrides.vllm.needles"),  # derived, not a field
     ],
-    ids=["unknown field", "bad metric name", "bad label name"],
+    ids=["unknown field", "bad metric name", "bad label name", "derived attribute"],
 )
 def test_bad_overrides_name_their_path(overrides: dict[str, dict[str, str]], path: str) -> None:
     """A bad override is a ConfigError that names the field at fault."""
