@@ -43,10 +43,9 @@ FLUSH_DELAY = 0.005
 class Publisher:
     """The latest pool, snapshots, unreachable marks and readiness; sends each change."""
 
-    def __init__(self, slot_map: SlotMap, send: Send, *, delay: float = FLUSH_DELAY) -> None:
+    def __init__(self, slot_map: SlotMap, send: Send) -> None:
         self._slots = slot_map
         self._send = send
-        self._delay = delay
         self._pool: bytes | None = None
         self._snapshots: dict[str, tuple[Endpoint, MetricsSnapshot]] = {}
         self._unreachable: dict[str, str] = {}
@@ -71,7 +70,7 @@ class Publisher:
         if len(self._pending) >= FRAME_SNAPSHOTS:
             self.flush()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._delay, self.flush)
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self.flush)
 
     def flush(self) -> None:
         """Send the snapshots gathered since the last flush, ``FRAME_SNAPSHOTS`` a frame."""
