@@ -534,7 +534,7 @@ async def _serve(settings: Settings) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from endpoint_picker.datastore.pool import resolve_pool
+    from endpoint_picker.datastore.pool import pool_pods, resolve_pool
     from endpoint_picker.datastore.sources.file import load_pool_file
     from endpoint_picker.director import criticality_of_priority
     from endpoint_picker.scheduling import describe, load_config
@@ -557,8 +557,15 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"  objective {objective.name}: priority {objective.priority} ({crit})")
         for endpoint in resolved.endpoints:
             print(f"  endpoint {endpoint.hostport} (pod {endpoint.pod_name})")
-        ignored = len(state.pods) - len({e.pod_name for e in resolved.endpoints})
-        print(f"  {len(resolved.endpoints)} endpoints; {ignored} pods not in the pool or not Ready")
+        unready = sum(1 for p in pool_pods(pool, state.pods) if not (p.ready and p.pod_ip))
+        print(
+            f"  {len(resolved.endpoints)} endpoints; {len(state.pods) - resolved.pod_count} pods "
+            f"not in the pool, {unready} of the pool not Ready or without an IP"
+        )
+        # A warning, not an error: serving takes the file and routes to each address once,
+        # so validate exits 0 (as for NotReady pods) and says it where a CI log shows it.
+        for duplicate in resolved.duplicates:
+            print(f"epp: warning: duplicate pod address: {duplicate.describe()}", file=sys.stderr)
     if args.config_file is not None:
         try:
             text = args.config_file.read_text(encoding="utf-8")

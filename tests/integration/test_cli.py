@@ -78,6 +78,22 @@ def test_validate_prints_what_it_found(tmp_path: Path) -> None:
     assert "endpoint 127.0.0.2:8000" in result.stdout
 
 
+def test_validate_names_pods_sharing_an_address(tmp_path: Path) -> None:
+    """Duplicate pod addresses are a warning on stderr (exit 0: serving takes the file and
+    routes to each address once); the endpoint list and counts show each address once."""
+    path = tmp_path / "pool.yaml"
+    pods = (pod("a", "127.0.0.2"), pod("b", "127.0.0.3"), pod("copy-of-a", "127.0.0.2"))
+    path.write_text(pool_yaml(pool(), model("m"), *pods, pod("d", "127.0.0.5", ready=False)))
+    result = run("validate", "--pool-file", str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("endpoint 127.0.0.2:8000") == 1
+    assert "2 endpoints; 0 pods not in the pool, 1 of the pool not Ready" in result.stdout
+    assert (
+        "epp: warning: duplicate pod address: 127.0.0.2:8000 is the address of 2 pods: "
+        "default/a (kept), default/copy-of-a"
+    ) in result.stderr
+
+
 def test_validate_reports_field_path(tmp_path: Path) -> None:
     """An invalid pool file names the document and field, exit 2."""
     path = tmp_path / "pool.yaml"

@@ -18,6 +18,27 @@ from endpoint_picker.types import Endpoint
 
 
 @dataclass(frozen=True, slots=True)
+class DuplicateAddress:
+    """Ready pods of the pool that share one address (``ip:port``): one serves it, named first.
+
+    Two pods answer on one address when they run with ``hostNetwork`` on one node, when a stale
+    pod keeps an IP that was handed out again, or when a pool file repeats a pod: the address is
+    one server, so it is one endpoint (one row, one scraper, one share of the traffic, never two
+    entries of one fallback list)."""
+
+    hostport: str
+    pods: tuple[str, ...]  # namespace/name, sorted; the first is the endpoint's pod
+
+    def describe(self, most: int = 5) -> str:
+        """One line: the address, the pod that keeps it, and (the first ``most`` of) the rest."""
+        kept, *dropped = self.pods
+        rest = ", ".join(dropped[:most]) + (
+            f" and {len(dropped) - most} more" if len(dropped) > most else ""
+        )
+        return f"{self.hostport} is the address of {len(self.pods)} pods: {kept} (kept), {rest}"
+
+
+@dataclass(frozen=True, slots=True)
 class PoolState:
     """The served pool as of one moment: swapped in whole on every change."""
 
@@ -30,6 +51,11 @@ class PoolState:
     objectives: Mapping[str, InferenceObjective] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # The pods the pool selects, Ready or not: none means the source lost every pod, while
+    # pods that are all NotReady are a pool with nothing to serve (503) that knows its pods.
+    pod_count: int = 0
+    # Addresses that several Ready pods share: each is served once (see DuplicateAddress).
+    duplicates: tuple[DuplicateAddress, ...] = ()
 
 
 def select_pool(state: ClusterState, pool_name: str | None) -> InferencePool:
@@ -56,17 +82,36 @@ def _matches(pod: Pod, pool: InferencePool) -> bool:
     return all(labels.get(key) == value for key, value in pool.selector)
 
 
-def pool_endpoints(pool: InferencePool, pods: tuple[Pod, ...]) -> tuple[Endpoint, ...]:
-    """Every target port of every Ready pod of the pool's namespace matching its selector."""
-    endpoints = []
-    for pod in pods:
-        if pod.namespace != pool.namespace or not pod.ready or not pod.pod_ip:
-            continue
-        if not _matches(pod, pool):
-            continue
+def pool_pods(pool: InferencePool, pods: tuple[Pod, ...]) -> list[Pod]:
+    """The pods the pool selects (its namespace, its selector), Ready or not."""
+    return [p for p in pods if p.namespace == pool.namespace and _matches(p, pool)]
+
+
+def pool_endpoints(
+    pool: InferencePool, pods: tuple[Pod, ...]
+) -> tuple[tuple[Endpoint, ...], tuple[DuplicateAddress, ...]]:
+    """Every target port of every Ready pod of the pool, by pod name and port, each address
+    once; and the addresses several pods shared (the first pod by name keeps it)."""
+    by_address: dict[str, Endpoint] = {}
+    sharers: dict[str, list[str]] = {}
+    ready = sorted((p for p in pool_pods(pool, pods) if p.ready and p.pod_ip), key=_pod_key)
+    for pod in ready:
         for port in pool.target_ports:
-            endpoints.append(Endpoint(pod.name, pod.namespace, pod.pod_ip, port, pod.labels))
-    return tuple(sorted(endpoints, key=lambda e: (e.pod_name, e.port)))
+            endpoint = Endpoint(pod.name, pod.namespace, pod.pod_ip, port, pod.labels)
+            kept = by_address.setdefault(endpoint.hostport, endpoint)
+            if kept is not endpoint:
+                sharers.setdefault(endpoint.hostport, [_pod_id(kept)]).append(_pod_id(endpoint))
+    endpoints = tuple(sorted(by_address.values(), key=lambda e: (e.pod_name, e.port)))
+    duplicates = tuple(DuplicateAddress(h, tuple(names)) for h, names in sorted(sharers.items()))
+    return endpoints, duplicates
+
+
+def _pod_key(pod: Pod) -> tuple[str, str]:
+    return (pod.name, pod.namespace)
+
+
+def _pod_id(endpoint: Endpoint) -> str:
+    return f"{endpoint.namespace}/{endpoint.pod_name}"
 
 
 def pool_models(
@@ -98,12 +143,15 @@ def pool_objectives(
 def resolve_pool(state: ClusterState, pool_name: str | None) -> PoolState:
     pool = select_pool(state, pool_name)
     models = pool_models(pool, state.models)
+    endpoints, duplicates = pool_endpoints(pool, state.pods)
     return PoolState(
         objectives=MappingProxyType(pool_objectives(pool, state.objectives)),
         pool=pool,
         models=MappingProxyType(models),
-        endpoints=pool_endpoints(pool, state.pods),
+        endpoints=endpoints,
         configured_names=frozenset(
             [*models, *(t.name for m in models.values() for t in m.target_models)]
         ),
+        pod_count=len(pool_pods(pool, state.pods)),
+        duplicates=duplicates,
     )

@@ -27,6 +27,8 @@ from endpoint_picker.types import EMPTY_METRICS, Endpoint, EndpointState, Metric
 
 log = structlog.get_logger(__name__)
 
+_MAX_LOGGED_DUPLICATES = 10  # a pool of a thousand pods on one address logs ten lines of it
+
 EndpointsListener = Callable[[tuple[Endpoint, ...]], None]
 
 
@@ -53,6 +55,7 @@ class Datastore:
     def install(self, new: PoolState) -> PoolState:
         """Swap in an already resolved pool state (a worker process gets its parent's)."""
         old_endpoints = self._state.endpoints if self._state else ()
+        old_duplicates = self._state.duplicates if self._state else ()
         self._state = new
         live = self._positions = {e.hostport: i for i, e in enumerate(new.endpoints)}
         self._metrics = {k: v for k, v in self._metrics.items() if k in live}
@@ -66,6 +69,14 @@ class Datastore:
             )
             for listener in self._listeners:
                 listener(new.endpoints)
+        if new.duplicates and new.duplicates != old_duplicates:
+            # once per change of the set, not on every pod event of a Kubernetes watch
+            log.warning(
+                "pods share an address; routing to each address once",
+                pool=new.pool.name,
+                duplicates=[d.describe() for d in new.duplicates[:_MAX_LOGGED_DUPLICATES]],
+                count=len(new.duplicates),
+            )
         return new
 
     def resolve(self, cluster: ClusterState) -> PoolState:

@@ -154,15 +154,19 @@ def pack_pool(state: PoolState) -> tuple[Any, ...]:
         state.endpoints,
         state.configured_names,
         tuple(state.objectives.items()),
+        state.pod_count,
+        state.duplicates,
     )
 
 
 def unpack_pool(packed: tuple[Any, ...]) -> PoolState:
-    pool, models, endpoints, configured, objectives = packed
+    pool, models, endpoints, configured, objectives, pod_count, duplicates = packed
     return PoolState(
         pool=pool,
         models=MappingProxyType(dict(models)),
         endpoints=endpoints,
         configured_names=configured,
         objectives=MappingProxyType(dict(objectives)),
+        pod_count=pod_count,
+        duplicates=duplicates,
     )

@@ -149,6 +149,20 @@ async def test_pod_lifecycle_takes_effect_within_a_second(tmp_path: Path) -> Non
         assert r.api.count("list pods") == 1  # all of it from one watch
 
 
+async def test_pods_sharing_an_ip_are_one_endpoint(tmp_path: Path) -> None:
+    """Two Ready pods with one IP (hostNetwork, or a stale pod): one endpoint, served once."""
+    async with running(tmp_path, BASE) as r:
+        await asyncio.wait_for(r.source.synced.wait(), 2)
+        r.api.put(pod("a-host", "10.0.0.1"))  # a second pod on a's address
+        r.api.put(pod("d", "10.0.0.4"))  # then a change that shows the first was applied
+        await eventually(lambda: "10.0.0.4:8000" in r.hostports())
+        assert r.hostports() == ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.4:8000"]
+        assert [e.pod_name for e in r.store.endpoints] == ["a", "b", "d"]
+        state = r.store.state
+        assert state is not None
+        assert [d.pods for d in state.duplicates] == [("default/a", "default/a-host")]
+
+
 async def test_terminating_pod_leaves_the_pool(tmp_path: Path) -> None:
     """A pod with a deletionTimestamp (still Ready while it drains) gets no new requests."""
     async with running(tmp_path, BASE) as r:

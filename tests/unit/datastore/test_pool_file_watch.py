@@ -143,6 +143,28 @@ async def test_rewrite_dropping_every_endpoint_is_refused_and_counted(tmp_path: 
         assert w.source.healthy
 
 
+async def test_rewrite_marking_every_pod_not_ready_is_applied(tmp_path: Path) -> None:
+    """A complete file whose pods are all NotReady applies (no endpoint: 503s), while one that
+    drops every pod is still refused; the guard is for truncated files, not for readiness."""
+    async with watching(tmp_path, two_pods("a", "b")) as w:
+        unready = pool_yaml(
+            pool(), pod("a", "127.0.0.2", ready=False), pod("b", "127.0.0.3", ready=False)
+        )
+        w.path.write_text(unready)
+        await w.time.poll(3)
+        assert w.pods == []
+        assert w.reloads("applied") == 2
+        assert w.reloads("rejected_empty") == 0
+        assert w.source.healthy
+        w.path.write_text(two_pods("a"))  # ready again
+        await w.time.poll(3)
+        assert w.pods == ["a"]
+        w.path.write_text(two_pods())  # every pod dropped: refused, as before
+        await w.time.poll(3)
+        assert w.pods == ["a"]
+        assert w.reloads("rejected_empty") == 1
+
+
 @pytest.mark.parametrize("marker", ["true", True])  # quoted as Kubernetes wants, or a YAML bool
 async def test_empty_pool_marked_deliberate_is_applied(tmp_path: Path, marker: object) -> None:
     """With the allow-empty annotation on the InferencePool, emptying the pool is applied."""

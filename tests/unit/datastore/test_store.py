@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.datastore import Datastore
@@ -95,3 +96,38 @@ def test_configured_model_names_cover_target_models() -> None:
         True,
         False,
     ]
+
+
+def test_pods_sharing_an_address_are_one_endpoint_with_one_warning() -> None:
+    """Two Ready pods on one ip:port make one endpoint (the first pod by name keeps it), and
+    the datastore warns once per change of the duplicate set, not on every apply."""
+    store = Datastore()
+    pods = (pod("c", "127.0.0.2"), pod("a", "127.0.0.2"), pod("b", "127.0.0.3"))
+    with capture_logs() as logs:
+        store.apply(state(*pods))
+        store.apply(state(*pods, pod("d", "127.0.0.4", ready=False)))  # same duplicates
+        store.apply(state(*pods[1:]))  # c gone: no duplicate left
+        store.apply(state(*pods))  # back: warned again
+    assert [(e.pod_name, e.hostport) for e in store.endpoints] == [
+        ("a", "127.0.0.2:8000"),
+        ("b", "127.0.0.3:8000"),
+    ]
+    assert [s.hostport for s in store.endpoint_states()] == ["127.0.0.2:8000", "127.0.0.3:8000"]
+    warnings = [e for e in logs if e["event"].startswith("pods share an address")]
+    assert len(warnings) == 2
+    assert warnings[0]["log_level"] == "warning"
+    assert warnings[0]["duplicates"] == [
+        "127.0.0.2:8000 is the address of 2 pods: default/a (kept), default/c"
+    ]
+    state_now = store.state
+    assert state_now is not None
+    assert state_now.pod_count == 3
+
+
+def test_a_pool_with_only_not_ready_pods_counts_its_pods() -> None:
+    """NotReady pods are no endpoint but still pods of the pool (what the file guard reads)."""
+    store = Datastore()
+    store.apply(state(pod("a", "127.0.0.2", ready=False), pod("b", "", ready=False)))
+    assert store.endpoints == ()
+    assert store.state is not None
+    assert store.state.pod_count == 2

@@ -3,8 +3,10 @@
 Watched by polling its identity (inode, size, mtime). The first load is immediate; a later change
 is applied only once the file has stayed the same (identity and content) for ``settle_time``: a
 writer caught mid-write leaves a prefix that may still parse, and serving it would route by part
-of the pool. A settled change is still refused when it would take every endpoint from a pool that
-has some, unless its InferencePool is annotated ``endpoint-picker.io/allow-empty-pool: "true"``.
+of the pool. A settled change is still refused when it would take every pod from a pool that
+serves some, unless its InferencePool is annotated ``endpoint-picker.io/allow-empty-pool: "true"``:
+a truncated file loses pods, while a complete one may mark them all NotReady (then it applies,
+and requests get 503 as they would from the reference, rather than go to pods known unready).
 A refused, invalid, unreadable or missing file keeps the last good pool. Each distinct content is
 handled (and logged) once, and its outcome reported to a ``ReloadObserver``.
 """
@@ -42,7 +44,7 @@ class ReloadResult(StrEnum):
     """The outcome of one settled change of the pool file (the metric's ``result`` label)."""
 
     APPLIED = "applied"
-    REJECTED_EMPTY = "rejected_empty"  # would have removed every endpoint; not marked deliberate
+    REJECTED_EMPTY = "rejected_empty"  # would have removed every pod; not marked deliberate
     INVALID = "invalid"  # missing, unreadable, not YAML, or not a valid pool
 
 
@@ -216,17 +218,22 @@ class PoolFileSource:
             self._refuse(ReloadResult.INVALID, error=str(exc))
             return
         allowed = (new.pool.annotation(ALLOW_EMPTY_POOL_ANNOTATION) or "").lower() == "true"
-        if not new.endpoints and self._target.endpoints and not allowed:
+        if not new.pod_count and self._target.endpoints and not allowed:
             self._refuse(
                 ReloadResult.REJECTED_EMPTY,
-                error="the change would remove every endpoint",
+                error="the change would remove every pod of the pool",
                 endpoints_in_force=len(self._target.endpoints),
                 hint=f"to empty the pool on purpose, annotate the InferencePool "
                 f'{ALLOW_EMPTY_POOL_ANNOTATION}: "true"',
             )
             return
         self._target.apply(cluster)
-        log.info("pool file reloaded", path=self._source, endpoints=len(new.endpoints))
+        log.info(
+            "pool file reloaded",
+            path=self._source,
+            endpoints=len(new.endpoints),
+            pods=new.pod_count,
+        )
         self.healthy = True
         self._observer.pool_reload(ReloadResult.APPLIED)
 
