@@ -219,6 +219,11 @@ class Director:
         names = self._pool.model_names()
         return sorted(names) if names else None
 
+    def has_ready_endpoint(self) -> bool:
+        """Whether the pool has an endpoint to route to now (the gateway's ``GET /health``):
+        loaded, with a Ready endpoint; a subset hint or a model may still narrow it to none."""
+        return bool(self._pool.endpoint_states())
+
     def started(self, request_id: str) -> None:
         """A routed request's response brought its first body bytes: the server is working on
         it, so it no longer waits in that server's queue."""

@@ -38,8 +38,9 @@ DEFAULT_NUM_RETRIES = 2
 # its header mutation could push a request past Envoy's limit (see docs/envoy.md).
 DEFAULT_MAX_HEADERS_COUNT = 120
 # Routed to the pool besides /v1/completions (whose route the others reuse); the EPP answers
-# /v1/models itself. Everything else is a 404 at Envoy: a model server's admin API stays shut.
-DEFAULT_INFERENCE_PATHS = ("/v1/chat/completions", "/v1/embeddings", "/v1/models")
+# /v1/models and /health (the gateway's own health: a pod's is never reached) itself.
+# Everything else is a 404 at Envoy: a model server's admin API stays shut.
+DEFAULT_INFERENCE_PATHS = ("/v1/chat/completions", "/v1/embeddings", "/v1/models", "/health")
 _PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@/-]*")
 
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")

@@ -18,6 +18,7 @@ class Api(StrEnum):
     CHAT_COMPLETIONS = "chat_completions"
     EMBEDDINGS = "embeddings"
     MODELS = "models"  # GET /v1/models: answered by the EPP, never a model server's admin API
+    HEALTH = "health"  # GET/HEAD /health: the gateway's own health, answered by the EPP
     OTHER = "other"  # a path the operator opened with --extra-inference-path
 
 
@@ -30,6 +31,9 @@ INFERENCE_PATHS = {
     "/v1/embeddings": Api.EMBEDDINGS,
 }
 MODELS_PATH = "/v1/models"
+# What vLLM's and guidellm's clients probe: 200 while the pool has a ready endpoint, else 503.
+# Answered by the EPP from the pool it routes by; a pod's own /health stays unreachable.
+HEALTH_PATH = "/health"
 
 
 def normalize_path(path: str) -> str:
@@ -45,6 +49,8 @@ def api_for_path(path: str, extra_paths: frozenset[str] = frozenset()) -> Api | 
         return api
     if normalized == MODELS_PATH:
         return Api.MODELS
+    if normalized == HEALTH_PATH:
+        return Api.HEALTH
     return Api.OTHER if normalized in extra_paths else None
 
 
@@ -87,6 +93,8 @@ def parse_request(
     request_id: str, api: Api, raw_body: bytes, headers: Mapping[str, str] | None = None
 ) -> LLMRequest:
     """Parse and validate a request body for ``api``; raise ``BadRequestError``."""
+    if api is Api.HEALTH:  # answered on its headers; routing it would reach a pod's /health
+        raise BadRequestError(f"{HEALTH_PATH} is answered by the gateway itself, never routed")
     try:
         body = orjson.loads(raw_body)
     except orjson.JSONDecodeError as exc:

@@ -70,6 +70,11 @@ class Backend:
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(text=self.metrics_text)
 
+    async def health(self, request: web.Request) -> web.Response:
+        """A pod's own /health (vLLM's): recorded, so a test sees whether the gateway sent it."""
+        self.received.append(Received(request.path, dict(request.headers), b"", False))
+        return web.Response(text="pod")
+
     async def infer(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()  # aiohttp de-chunks transfer-encoding: chunked
         self.received.append(
@@ -120,6 +125,7 @@ async def backends(addresses: Sequence[str]) -> AsyncIterator[list[Backend]]:
         for server in servers:
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_get("/metrics", server.metrics)
+            app.router.add_route("*", "/health", server.health)
             app.router.add_post("/v1/completions", server.infer)
             app.router.add_post("/v1/chat/completions", server.infer)
             server.runner = web.AppRunner(app, access_log=None, handle_signals=False)

@@ -206,7 +206,7 @@ async def test_the_epp_cluster_passes_grpc_health_checks_over_tls(
         ("POST", "/v1/unload_lora_adapter"),
         ("POST", "/v1/load_lora_adapter"),
         ("GET", "/metrics"),
-        ("GET", "/health"),
+        ("GET", "/healthz"),
         ("POST", "/v1/completions/../unload_lora_adapter"),
         ("POST", "/v1/completions/%2e%2e/unload_lora_adapter"),
         ("POST", "//v1/unload_lora_adapter"),
@@ -226,6 +226,17 @@ async def test_a_model_servers_admin_api_is_unreachable(
         if reply.status == 404:
             assert reply.headers["content-type"] == "application/json"
             assert orjson.loads(body)["error"]["code"] == 404
+    assert not any(b.received for b in stack.backends)
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_health_is_answered_by_the_gateway(
+    stack: Stack, session: aiohttp.ClientSession, method: str
+) -> None:
+    """GET and HEAD /health get the EPP's empty 200 through Envoy and never reach a pod."""
+    async with session.request(method, stack.envoy.url + "/health") as reply:
+        assert reply.status == 200
+        assert await reply.read() == b""
     assert not any(b.received for b in stack.backends)
 
 

@@ -173,7 +173,7 @@ async def test_models_are_listed_by_the_epp(tmp_path: Path) -> None:
         ("/v1/unload_lora_adapter", "POST"),
         ("/v1/load_lora_adapter", "POST"),
         ("/metrics", "GET"),
-        ("/health", "GET"),
+        ("/healthz", "GET"),  # /health is the gateway's own (test_gateway_health.py)
         ("/v1/completions/../unload_lora_adapter", "POST"),
     ],
 )

@@ -22,7 +22,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
 from endpoint_picker.cli import build_parser, settings_from_args
 from endpoint_picker.extproc import stream, wire
-from endpoint_picker.requests import INFERENCE_PATHS, MODELS_PATH
+from endpoint_picker.requests import HEALTH_PATH, INFERENCE_PATHS, MODELS_PATH
 from endpoint_picker.settings import MetricsAuth, Settings
 from endpoint_picker.status.server import OPEN_PATHS, OPEN_PREFIX, MetricsServer
 
@@ -542,15 +542,15 @@ def test_envoy_gateway_objects_validate_where_kubernetes_validate_has_schemas(
 def test_envoy_gateway_route_matches_exactly_the_paths_the_epp_routes(
     envoy_gateway: list[dict[str, Any]],
 ) -> None:
-    """One rule, Exact matches on the EPP's inference paths and /v1/models (nothing else: the
-    model servers' admin API stays shut), to the placeholder Service on a port it has."""
+    """One rule, Exact matches on the EPP's inference paths, /v1/models and /health (nothing
+    else: the model servers' admin API stays shut), to the placeholder Service on a port it has."""
     route = _only(envoy_gateway, "HTTPRoute")
     (rule,) = route["spec"]["rules"]  # rule/0 in patch-policy.yaml
     paths = [m["path"] for m in rule["matches"]]
     assert {p["type"] for p in paths} == {"Exact"}
     values = [p["value"] for p in paths]
     assert len(values) == len(set(values))
-    assert set(values) == {*INFERENCE_PATHS, MODELS_PATH}
+    assert set(values) == {*INFERENCE_PATHS, MODELS_PATH, HEALTH_PATH}
     service = _only(envoy_gateway, "Service")
     (backend,) = rule["backendRefs"]
     assert backend["name"] == service["metadata"]["name"]

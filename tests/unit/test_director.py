@@ -18,6 +18,7 @@ from endpoint_picker.errors import (
     BadRequestError,
     ModelNotFoundError,
     PathNotFoundError,
+    RequestError,
     ServiceUnavailableError,
     TooManyRequestsError,
 )
@@ -180,6 +181,18 @@ def test_fallbacks_are_distinct_primary_first() -> None:
     assert decision.destination == ",".join(decision.endpoints)
 
 
+def test_pods_sharing_an_address_get_one_share_and_one_fallback_entry() -> None:
+    """Two pods on one address are one endpoint: never listed twice, no double share."""
+    shared = (pod("a", "127.0.0.2"), pod("a-again", "127.0.0.2"), pod("b", "127.0.0.3"))
+    director, _ = make_director(pool(), model("m"), *shared, fallbacks=2)
+    picks: Counter[str] = Counter()
+    for i in range(200):
+        decision = director.route(f"r{i}", "/v1/completions", completion("m"), None)
+        assert sorted(decision.endpoints) == ["127.0.0.2:8000", "127.0.0.3:8000"]
+        picks[decision.endpoints[0]] += 1
+    assert abs(picks["127.0.0.2:8000"] - picks["127.0.0.3:8000"]) < 60, picks
+
+
 def test_models_list_comes_from_the_pool_or_from_a_server() -> None:
     """GET /v1/models lists the InferenceModels; a pool without any lets a server answer."""
     director, _ = make_director(pool(), model("b"), model("a", targets={"a-v1": 1}), *PODS)
@@ -191,7 +204,7 @@ def test_models_list_comes_from_the_pool_or_from_a_server() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/metrics", "/health", "/v1/x"],
+    ["/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/metrics", "/healthz", "/v1/x"],
 )
 def test_admin_and_unknown_paths_are_404(path: str) -> None:
     """A model server's admin API is never routed: a 404, with or without a body."""
@@ -200,6 +213,18 @@ def test_admin_and_unknown_paths_are_404(path: str) -> None:
         director.route("r", path, completion("m"), None)
     with pytest.raises(PathNotFoundError):
         director.route_headers_only("r", path, None)
+
+
+def test_health_is_never_routed_to_a_pod() -> None:
+    """/health is the gateway's own (the stream answers it): the director routes it nowhere."""
+    director, _ = make_director(pool(), model("m"), *PODS, extra_paths=("/health",))
+    with pytest.raises(RequestError):
+        director.route("r", "/health", completion("m"), None)
+    with pytest.raises(RequestError):
+        director.route_headers_only("r", "/health", None)
+    assert director.has_ready_endpoint()
+    unready, _ = make_director(pool(), model("m"), pod("a", "127.0.0.2", ready=False))
+    assert not unready.has_ready_endpoint()
 
 
 def test_extra_paths_are_routed() -> None:

@@ -17,12 +17,15 @@ from endpoint_picker.requests import Api, api_for_path, parse_request
         ("/v1/chat/completions/", Api.CHAT_COMPLETIONS),
         ("/v1/embeddings", Api.EMBEDDINGS),
         ("/v1/models", Api.MODELS),
+        ("/health", Api.HEALTH),  # the gateway's own, answered by the EPP
+        ("/health?ready=1", Api.HEALTH),
         ("/v1/rerank", Api.OTHER),  # opened with --extra-inference-path
         # a model server's admin API and anything unknown: not routed (None: a 404)
         ("/v1/load_lora_adapter", None),
         ("/v1/unload_lora_adapter", None),
         ("/metrics", None),
-        ("/health", None),
+        ("/healthz", None),
+        ("/v1/health", None),
         ("/", None),
         ("/v1/completions/../unload_lora_adapter", None),
         ("/v1//completions", None),

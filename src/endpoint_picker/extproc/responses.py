@@ -137,6 +137,14 @@ def immediate_json(status: int, body: bytes, details: str) -> pb.ProcessingRespo
     return response
 
 
+def immediate_empty(status: int, details: str) -> pb.ProcessingResponse:
+    """An answer from the EPP itself with no body (``GET /health``'s 200, as vLLM's)."""
+    response = pb.ProcessingResponse()
+    response.immediate_response.status.code = status
+    response.immediate_response.details = details
+    return response
+
+
 def models_body(model_names: Sequence[str], owner: str) -> bytes:
     """The OpenAI ``GET /v1/models`` list."""
     return orjson.dumps(

@@ -222,7 +222,15 @@ class RequestStream:
                 f"{self._max_header_bytes} bytes, its own included"
             )
         # Only the inference APIs go anywhere: a 404 now, before a byte of body is buffered.
-        if self._director.resolve_api(self._path) is Api.MODELS:
+        api = self._director.resolve_api(self._path)
+        if api is Api.HEALTH:  # the gateway's health, whatever the method: never a pod's
+            self.finished = True
+            if self._director.has_ready_endpoint():
+                return [responses.immediate_empty(200, "epp_health")]
+            # a probe, not a rejected request: no error metric, no decision on the status page
+            unready = "no ready endpoint in the pool"
+            return [responses.immediate_error(ErrorCode.SERVICE_UNAVAILABLE, unready)]
+        if api is Api.MODELS:
             models = self._director.list_models()
             if models is not None:
                 self.finished = True
