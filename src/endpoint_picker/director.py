@@ -40,6 +40,7 @@ from endpoint_picker.errors import (
     ServiceUnavailableError,
     TooManyRequestsError,
     clip,
+    kept,
 )
 from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.requests import (
@@ -325,7 +326,7 @@ class Director:
             request.request_id,
             lambda: self._schedule(request, subset, shed=False),
             priority=priority,
-            flow_id=request.headers.get(FAIRNESS_HEADER, ""),
+            flow_id=kept(request.headers.get(FAIRNESS_HEADER, "")),  # a client string, kept
             size=len(request.raw_body),
             timeout=_client_timeout(request.headers.get(TIMEOUT_HEADER)),
             ready=ready,

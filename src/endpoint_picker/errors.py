@@ -21,6 +21,7 @@ gRPC statuses or exit codes, nothing below it does::
 
 from __future__ import annotations
 
+import hashlib
 from enum import Enum
 
 CLIP_CHARS = 200  # a client-supplied value quoted in an error body or a log line
@@ -32,6 +33,44 @@ def clip(text: str, limit: int = CLIP_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}...[cut: {len(text)} characters in all]"
+
+
+def kept(text: str, limit: int = CLIP_CHARS) -> str:
+    """``text`` as the EPP may keep it past the request (a decision, a label, a key): whole up
+    to ``limit`` characters; longer, cut as ``clip`` does and marked with a digest of the whole,
+    so that two long values stay two keys and one value always maps to the same key. One
+    helper for every client string the EPP retains: nothing a client sends is kept whole."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.blake2b(text.encode(errors="surrogatepass"), digest_size=8).hexdigest()
+    return f"{text[:limit]}...[cut: {len(text)} characters in all, {digest}]"
+
+
+def shown(text: str) -> str:
+    """``text`` with every character that is not printable escaped as ``\\uXXXX`` (controls,
+    bidi overrides and isolates, zero-width and other format characters, line separators,
+    unassigned code points) and ``\\`` doubled, so that a page or a log line shows what was
+    sent, in the order it was sent: a right-to-left override cannot reorder what follows it."""
+    if text.isprintable() and "\\" not in text:  # the common case, in C
+        return text
+    return text.translate(_Escapes())
+
+
+class _Escapes(dict[int, str]):
+    """``str.translate``'s table for ``shown``, filled as characters are met."""
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        if char == "\\":
+            escaped = "\\\\"
+        elif char.isprintable():
+            escaped = char
+        elif code <= 0xFFFF:
+            escaped = f"\\u{code:04x}"
+        else:
+            escaped = f"\\U{code:08x}"
+        self[code] = escaped
+        return escaped
 
 
 class ErrorCode(Enum):

@@ -69,7 +69,8 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
     ]
     assert [(s.labels, s.value) for s in errors] == [
         (
-            {"model_name": "nope", "target_model_name": "nope", "error_code": "BadConfiguration"},
+            # an unknown model the EPP refuses never becomes a series of its own
+            {"model_name": "other", "target_model_name": "other", "error_code": "BadConfiguration"},
             1.0,
         ),
         ({**m, "error_code": "ModelServerError"}, 1.0),

@@ -91,3 +91,23 @@ async def test_readyz_follows_readiness_and_healthz_stays_as_it_was(tmp_path: Pa
             async with session.get(f"{stack.base_url}{path}") as reply:
                 assert (reply.status, await reply.text()) == (503, "not ready")
         assert (await stack.status())["ready"] is False
+
+
+async def test_multi_megabyte_model_names_leave_the_status_small(tmp_path: Path) -> None:
+    """40 requests with distinct 2 MB model names (refused: unknown) through the real ext_proc
+    server leave /api/status under 100 KB, each name cut and shown once per decision."""
+    async with status_stack(tmp_path) as stack:
+        for i in range(40):
+            await stack.refused(f"{i:02d}\u202e" + "m" * (2 * 1024 * 1024))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{stack.base_url}/api/status") as reply,
+        ):
+            raw = await reply.read()
+        status = await stack.status()
+    assert len(raw) < 100_000
+    assert len(status["decisions"]) == 40
+    newest = status["decisions"][0]
+    assert newest["model"].startswith("39\\u202emmm")
+    assert "characters in all" in newest["model"]
+    assert newest["error"]["status"] == 404

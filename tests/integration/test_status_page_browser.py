@@ -226,3 +226,19 @@ async def test_page_with_a_kubernetes_token_403_then_one_the_rbac_allows(tmp_pat
             assert await page.text_content("#pool-name") == "default/pool"
             assert await page.is_hidden("#auth")
             assert page.url == f"{base}/"
+
+
+async def test_page_shows_bidi_and_control_characters_in_a_model_name_escaped(
+    tmp_path: Path,
+) -> None:
+    """A model name carrying a right-to-left override, an isolate and a newline shows on the
+    page as typed, with each of them as a visible ``\\u`` escape: nothing after the override
+    is reordered, and the row holds no bidi control."""
+    evil = "gpt\u202eexe.txt\u2067\n!"
+    async with status_stack(tmp_path) as stack:
+        await stack.refused(evil)
+        async with chromium_page(tmp_path / "chromium") as page:
+            await open_page(page, stack)
+            (row,) = await row_texts(page, "decisions")
+            assert "gpt\\u202eexe.txt\\u2067\\u000a!" in row
+            assert not any(c in row for c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068")

@@ -345,3 +345,40 @@ async def test_a_turnover_lets_open_streams_finish_and_a_second_waits_for_the_ro
                 break
             assert time.monotonic() < deadline, status["inFlight"]
             await asyncio.sleep(0.2)
+
+
+async def test_multi_megabyte_model_names_while_scraped_never_restart_a_worker(
+    tmp_path: Path,
+) -> None:
+    """40 requests with distinct 2 MB model names over one connection (one worker refuses them
+    all: unknown models) while /metrics and /api/status are read: no worker restarts, both keep
+    serving, the decisions arrive cut, and the health port stays SERVING."""
+    async with (
+        fake_model_servers(ADDRESSES) as servers,
+        epp_workers(tmp_path, every_pod(servers)) as epp,
+        aiohttp.ClientSession() as session,
+    ):
+        serving = await epp.wait_for(lambda e: e.get("event") == "endpoint picker serving", 30)
+        ext_port, metrics_port = serving["ext_proc_port"], serving["metrics_port"]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ext_port}") as channel:
+            client = Client(channel)
+            for i in range(40):
+                name = f"{i:02d}" + "m" * (2 * 1024 * 1024)
+                request = json_body({"model": name, "prompt": "hi"})
+                await client.exchange([headers(), body(request)])
+                if i % 10 == 9:
+                    await metrics(session, metrics_port)
+        for _ in range(3):
+            seen = await metrics(session, metrics_port)
+            async with session.get(f"http://127.0.0.1:{metrics_port}/api/status") as response:
+                raw = await response.read()
+                status = json.loads(raw)
+            await asyncio.sleep(0.2)
+        assert not [e for e in epp.lines() if e.get("event") == "worker exited; restarting"]
+        assert seen['inference_extension_worker_restarts_total{worker="0"}'] == 0
+        assert seen['inference_extension_worker_restarts_total{worker="1"}'] == 0
+        assert seen["inference_extension_workers_serving"] == 2
+        assert await health(serving["health_port"]) == health_pb2.HealthCheckResponse.SERVING
+        assert len(raw) < 200_000
+        assert len(status["decisions"]) == 40
+        assert status["decisions"][0]["model"].startswith("39mmm")

@@ -32,11 +32,16 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from endpoint_picker.errors import kept
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
 
 Z_95 = 1.645  # the standard normal's 95th percentile
 _POOL = ""  # the endpoint key of the windows over every endpoint's samples
 _POOL_LIMIT = 8  # those hold this many times max_samples: they see the whole pool's traffic
+# Target models with windows of their own: a pool that passes unknown models lets clients name
+# them, and a stream of made-up names must not grow the tracker; past this many, a new name's
+# samples feed the fits only (its prediction is the fitted line's, as for a model never seen).
+MAX_MODELS = 1000
 
 
 def p95(ordered: list[float]) -> float:
@@ -139,6 +144,7 @@ class LatencyTracker:
         "_limit",
         "_load",
         "_min_samples",
+        "_models",
         "_objective_load",
         "_objectives",
         "_pending",
@@ -164,6 +170,7 @@ class LatencyTracker:
         self._fits: dict[str, _Window] = {}  # endpoint (and _POOL) -> samples
         self._tails: dict[tuple[str, str], _Window] = {}  # (endpoint, target model) -> samples
         self._objectives: dict[tuple[str, float], float] = {}  # (model, objective) -> last seen
+        self._models: set[str] = set()  # target models with windows (at most MAX_MODELS)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -172,7 +179,7 @@ class LatencyTracker:
         self._load.on_routed(event)
         self._pending[request.request_id] = (
             event.endpoint,
-            request.target_model,
+            kept(request.target_model),  # a client's name for an unknown model
             self._load.count(event.endpoint),
         )
         if request.latency_objective is not None:
@@ -195,6 +202,10 @@ class LatencyTracker:
             fit.add(now, load, y, limit)
             tail = self._tails.get((key, model))
             if tail is None:
+                if model not in self._models:
+                    if len(self._models) >= MAX_MODELS:
+                        continue
+                    self._models.add(model)
                 tail = self._tails[(key, model)] = _Window(ranked=True)
             tail.add(now, load, y, limit)
 
@@ -216,7 +227,7 @@ class LatencyTracker:
 
     def samples(self, endpoint: str, model: str) -> int:
         """Samples of ``model`` on ``endpoint`` in the window."""
-        tail = self._tails.get((endpoint, model))
+        tail = self._tails.get((endpoint, kept(model)))
         if tail is None:
             return 0
         tail.expire(self._clock() - self._window)
@@ -225,7 +236,7 @@ class LatencyTracker:
     def observed(self, model: str) -> float | None:
         """The P95 of ``model``'s seconds per output token over the whole pool, in the window
         (the objective's own measure); None without samples."""
-        tail = self._tails.get((_POOL, model))
+        tail = self._tails.get((_POOL, kept(model)))
         if tail is None:
             return None
         tail.expire(self._clock() - self._window)
@@ -252,7 +263,7 @@ class LatencyTracker:
 
     def _predict(self, endpoint: str, model: str, load: float, oldest: float) -> float | None:
         line = self._line(endpoint, oldest)
-        tail = self._tails.get((endpoint, model))
+        tail = self._tails.get((endpoint, kept(model)))
         if tail is not None:
             tail.expire(oldest)
             if not tail.n:

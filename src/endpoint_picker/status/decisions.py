@@ -2,16 +2,18 @@
 
 Two writers, both on the request path, both cheap:
 
-- ``record``, the scheduler's sink, is the ring's own ``deque.append`` (a C call, no Python
-  frame): each routed cycle arrives as a ``CycleRecord`` tuple of references the cycle built
-  anyway (the request id, model names, the primary profile, the endpoints it chose and, for
-  one cycle every 20 ms, its running score sums: see ``scheduling.framework``), so nothing is
-  converted or copied while a request waits;
+- ``record``, the scheduler's sink: each routed cycle arrives as a ``CycleRecord`` tuple of
+  references the cycle built anyway (the request id, model names, the primary profile, the
+  endpoints it chose and, for one cycle every 20 ms, its running score sums: see
+  ``scheduling.framework``), kept as it is unless a client string in it is long;
 - ``rejected`` is called by the ext_proc stream when it answers an error (status, the
   message the client got, the model when it was known).
 
-The request object itself is never kept (its body is the prompt): only its id and model names.
-``recent()`` turns the ring into JSON-ready dicts when someone asks, newest first.
+The request object itself is never kept (its body is the prompt): only its id and model names,
+each cut by ``errors.kept`` (a client chooses them: 50 decisions holding 8 MB model names held
+400 MB and made one ``/api/status`` answer 800 MB). ``recent()`` turns the ring into
+JSON-ready dicts when someone asks, newest first, with the client's strings ``errors.shown``:
+control and bidi characters escaped, so a right-to-left override cannot reorder the page.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from endpoint_picker.errors import ErrorCode
+from endpoint_picker.errors import CLIP_CHARS, ErrorCode, kept, shown
 from endpoint_picker.scheduling.framework import CycleRecord
 from endpoint_picker.types import EndpointState
 
 DEFAULT_SIZE = 50
+MESSAGE_CHARS = 1000  # an error message as kept (the stream sends at most this much)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,19 +47,36 @@ class Refusal:
 class DecisionLog:
     """A ring of the last ``size`` decisions; ``record`` is the scheduler's sink."""
 
-    __slots__ = ("_clock", "_ring", "record")
+    __slots__ = ("_append", "_clock", "_ring")
 
     def __init__(self, size: int = DEFAULT_SIZE, *, clock: Callable[[], float] = time.time):
         self._ring: deque[CycleRecord | Refusal] = deque(maxlen=size)
+        self._append = self._ring.append
         self._clock = clock
-        self.record: Callable[[CycleRecord], None] = self._ring.append  # the scheduler's sink
+
+    def record(self, cycle: CycleRecord) -> None:
+        """The scheduler's sink: keep ``cycle``, its client strings cut (``errors.kept``)."""
+        # three length checks in the common case: no copy, no call
+        if len(cycle[1]) > CLIP_CHARS or len(cycle[2]) > CLIP_CHARS or len(cycle[3]) > CLIP_CHARS:
+            when, request_id, model, target, candidates, profile, picked, scores = cycle
+            cycle = (when, kept(request_id), kept(model), kept(target), candidates, profile,
+                     picked, scores)  # fmt: skip
+        self._append(cycle)
 
     def rejected(
         self, request_id: str, model: str, target_model: str, code: ErrorCode, message: str
     ) -> None:
         """The stream answered ``code`` with ``message`` (the client's own error body)."""
+        model = kept(model)
         self._ring.append(
-            Refusal(self._clock(), request_id, model, target_model or model, code, message)
+            Refusal(
+                self._clock(),
+                kept(request_id),
+                model,
+                kept(target_model) if target_model else model,
+                code,
+                kept(message, MESSAGE_CHARS),
+            )
         )
 
     def __len__(self) -> int:
@@ -71,9 +91,9 @@ def _describe(item: CycleRecord | Refusal) -> dict[str, Any]:
     if isinstance(item, Refusal):
         return {
             "time": item.time,
-            "requestId": item.request_id,
-            "model": item.model,
-            "targetModel": item.target_model,
+            "requestId": shown(item.request_id),
+            "model": shown(item.model),
+            "targetModel": shown(item.target_model),
             "endpoints": [],
             "profile": None,
             "candidates": None,
@@ -83,15 +103,15 @@ def _describe(item: CycleRecord | Refusal) -> dict[str, Any]:
             "error": {
                 "status": item.code.http_status,
                 "code": item.code.type_name,
-                "message": item.message,
+                "message": shown(item.message),
             },
         }
     when, request_id, model, target_model, candidates, profile, picked, cycle = item
     described: dict[str, Any] = {
         "time": when,
-        "requestId": request_id,
-        "model": model,
-        "targetModel": target_model,
+        "requestId": shown(request_id),
+        "model": shown(model),
+        "targetModel": shown(target_model),
         "endpoints": [e.hostport for e in picked],
         "profile": profile.name,
         "candidates": candidates,

@@ -3,7 +3,9 @@
 Read on demand from the parts the composition root built: the datastore (pool, models,
 endpoints with their metrics snapshots), the in-flight counter, flow control's queues and the
 decision log. Nothing here runs on the request path, and no prompt or body can reach it: the
-parts it reads never hold one.
+parts it reads never hold one. Every name shown is ``errors.shown`` (control and bidi characters
+escaped): pod, model and adapter names come from the cluster and the model servers, not only
+from the operator, and must not reorder the page.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from endpoint_picker.datastore import InferenceModel, PoolState
+from endpoint_picker.errors import shown
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
 SCHEMA_VERSION = 1
@@ -134,19 +137,19 @@ class StatusView:
         metrics = self.pool.metrics_of(endpoint.hostport)
         age = round(now - metrics.updated_at, 3) if metrics.updated_at > 0 else None
         return {
-            "name": endpoint.pod_name,
-            "namespace": endpoint.namespace,
+            "name": shown(endpoint.pod_name),
+            "namespace": shown(endpoint.namespace),
             "address": endpoint.hostport,
-            "engine": endpoint.label(self.engine_label) or "vllm",
+            "engine": shown(endpoint.label(self.engine_label) or "vllm"),
             "waiting": metrics.waiting_queue_size,
             "running": metrics.running_requests,
             "kvCacheUsage": round(metrics.kv_cache_usage, 4),
-            "activeAdapters": sorted(metrics.active_adapters),
-            "waitingAdapters": sorted(metrics.waiting_adapters),
+            "activeAdapters": sorted(map(shown, metrics.active_adapters)),
+            "waitingAdapters": sorted(map(shown, metrics.waiting_adapters)),
             "maxAdapters": metrics.max_active_adapters,
             "metricsAgeSeconds": age,
             "stale": age is None or age > self.staleness_threshold,
-            "unreachable": unreachable,
+            "unreachable": shown(unreachable) if unreachable is not None else None,
             "inFlight": self.inflight.count(endpoint.hostport),
         }
 
@@ -169,10 +172,10 @@ def _pool(state: PoolState | None) -> dict[str, Any] | None:
         return None
     pool = state.pool
     return {
-        "name": pool.name,
-        "namespace": pool.namespace,
+        "name": shown(pool.name),
+        "namespace": shown(pool.namespace),
         "apiVersion": pool.api_version,
-        "selector": dict(pool.selector),
+        "selector": {shown(k): shown(v) for k, v in pool.selector},
         "targetPorts": list(pool.target_ports),
     }
 
@@ -184,11 +187,11 @@ def _models(state: PoolState | None) -> list[InferenceModel]:
 def _model(model: InferenceModel) -> dict[str, Any]:
     total = sum(t.weight for t in model.target_models)
     return {
-        "name": model.model_name,
+        "name": shown(model.model_name),
         "criticality": model.criticality.value,
         "targets": [
             {
-                "name": t.name,
+                "name": shown(t.name),
                 "weight": t.weight,
                 "percent": round(100 * t.weight / total, 1) if total else 0.0,
             }

@@ -217,9 +217,10 @@ _REFERENCE_ERROR_CODES = {
     ErrorCode.INTERNAL: "Internal",
 }
 MODEL_SERVER_ERROR = "ModelServerError"  # the model server answered with an error status
-# Clients choose model names: past this many distinct unknown ones, new names are labelled
-# "other", so a stream of made-up names cannot grow /metrics without bound. Names the pool
-# configures are bounded by the pool itself and never count against this budget.
+# Clients choose model names: a name the pool does not configure gets a label of its own only
+# when the EPP routes it (a pool that passes unknown models), and past this many such names new
+# ones are labelled "other", so a stream of made-up names cannot grow /metrics without bound.
+# Names the pool configures are bounded by the pool itself and never count against this budget.
 MAX_MODEL_LABELS = 1000
 MAX_LABEL_LENGTH = 256
 OTHER_MODELS = "other"
@@ -347,7 +348,8 @@ class EppMetrics:
             "Size of the prefix indexer: block hashes held over every endpoint.",
             registry=r,
         )
-        self._model_labels: set[str] = set()
+        self._model_labels: set[str] = set()  # names labelled as themselves so far
+        self._minted = 0  # of which not configured by the pool (at most MAX_MODEL_LABELS)
         self._request_total = _Children(self.request_total)
         self._request_error_total = _Children(self.request_error_total)
         self._running_requests = _Children(self.running_requests)
@@ -430,22 +432,27 @@ class EppMetrics:
 
     # -- request lifecycle ----------------------------------------------------------------------
 
-    def _label(self, model: str) -> str:
-        if model in self._model_labels:
+    def _label(self, model: str, mint: bool = False) -> str:
+        """``model`` as a label value: itself when the pool configures it or it was minted
+        before; minted (``mint``: the EPP routed it) while the budget lasts; else "other". A
+        name the EPP refuses (a 404 for an unknown model) never becomes a series of its own."""
+        if model in self._model_labels or not model:  # "": refused before a model was read
             return model
         if len(model) > MAX_LABEL_LENGTH:
             return OTHER_MODELS
         if self._is_configured(model):
+            self._model_labels.add(model)  # bounded by the pool's own configuration
             return model
-        if len(self._model_labels) >= MAX_MODEL_LABELS:
+        if not mint or self._minted >= MAX_MODEL_LABELS:
             return OTHER_MODELS
+        self._minted += 1
         self._model_labels.add(model)
         return model
 
     def request_started(self, model: str, target: str, request_bytes: int) -> None:
         if not model:  # requests without a model (GET /v1/models) are not model traffic
             return
-        model, target = self._label(model), self._label(target)
+        model, target = self._label(model, mint=True), self._label(target, mint=True)
         self._request_total(model, target).inc()
         self.request_sizes.labels(model, target).observe(request_bytes)
         self._running_requests(model).inc()

@@ -30,13 +30,13 @@ from endpoint_picker.scheduling.lifecycle import SharedInFlight
 from endpoint_picker.telemetry.logs import configure_logging
 from endpoint_picker.telemetry.tasks import guarded
 from endpoint_picker.workers.messages import (
-    Answer,
     Ask,
     CaughtUp,
     ChannelClosed,
     Drain,
     Final,
     Init,
+    MessageTooLarge,
     MetricsUpdate,
     PoolUpdate,
     Readiness,
@@ -44,6 +44,7 @@ from endpoint_picker.workers.messages import (
     Serving,
     Unreachable,
     encode,
+    encode_answer,
     read_message,
     unpack_pool,
 )
@@ -99,8 +100,8 @@ class Worker:
                     # Frames that arrived together are read without a pause: let the loop
                     # look at the ext_proc sockets between two of them.
                     await asyncio.sleep(0)
-        except ChannelClosed:
-            log.info("parent channel closed; draining")
+        except ChannelClosed as exc:
+            log.info("parent channel closed; draining", reason=str(exc))
         except Exception:  # a frame we cannot apply: never serve a frozen pool silently
             log.exception("cannot apply the parent's update; draining")
         self.stop.set()
@@ -120,7 +121,7 @@ class Worker:
             self._parent_ready = message.ready
             await self.update_health()
         elif isinstance(message, Ask):
-            self._writer.write(encode(Answer(message.ask_id, self._answer(message.what))))
+            self._writer.write(encode_answer(message, self._answer(message.what)))
         elif isinstance(message, CaughtUp):
             self._caught_up.set()
         elif isinstance(message, Drain):
@@ -191,7 +192,10 @@ async def _run(channel_fd: int, table_fd: int) -> int:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if not writer.is_closing():  # counted since the parent last asked: keep it in the sum
-            writer.write(encode(Final(worker.app.metrics.render())))
+            try:
+                writer.write(encode(Final(worker.app.metrics.render())))
+            except MessageTooLarge as exc:
+                log.error("last exposition too large for the parent's channel", size=exc.size)
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
         writer.close()

@@ -2,7 +2,10 @@
 
 Writes never wait: a frame is queued on the socket's transport. A worker that stops reading
 (wedged) lets its backlog grow; past ``MAX_BACKLOG`` ``send`` says so and the supervisor
-replaces the worker rather than buffer without bound.
+replaces the worker rather than buffer without bound. The backlog is what was queued before the
+frame at hand: one large message (split into frames) to a worker that reads is no sign of a
+wedge. A channel the parent stops reading is logged with why: the worker's exit (an end of
+channel at a message boundary) or what it sent that could not be read.
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ class WorkerLink:
         nothing and says True: its worker is exiting, and the supervisor sees that)."""
         if self._writer.is_closing():
             return True
+        behind = self._writer.transport.get_write_buffer_size() > MAX_BACKLOG
         self._writer.write(frame)
-        return self._writer.transport.get_write_buffer_size() <= MAX_BACKLOG
+        return not behind
 
     async def ask(self, what: str, within: float) -> Any | None:
         """The worker's answer to ``what``, or None when it does not answer in time."""
@@ -91,8 +95,12 @@ class WorkerLink:
                     log.info("worker asks to be replaced", worker=self.index,
                              streams=message.streams)  # fmt: skip
                     self.retiring.set()
-        except ChannelClosed:
-            pass
+        except ChannelClosed as exc:
+            if exc.eof:
+                log.info("worker channel closed", worker=self.index)
+            else:
+                log.error("dropping the worker's channel: it sent what cannot be read",
+                          worker=self.index, reason=str(exc))  # fmt: skip
         finally:
             self._set_serving(False)
             for future in self._pending.values():

@@ -1,10 +1,18 @@
 """What the parent and its workers say to each other, and how it is framed on the wire.
 
-One Unix socketpair per worker carries length-prefixed pickles (a 4-byte big-endian length,
-then the pickle) of the frozen dataclasses below and of the ones they hold (``Endpoint``,
-``MetricsSnapshot``, the pool objects). Pickle is safe here: both ends are our own processes
-and the socketpair is reachable from nowhere else. Each frame is pickled once by the parent and
-the same bytes are written to every worker.
+One Unix socketpair per worker carries pickles of the frozen dataclasses below and of the ones
+they hold (``Endpoint``, ``MetricsSnapshot``, the pool objects). Pickle is safe here: both ends
+are our own processes and the socketpair is reachable from nowhere else. Each message is pickled
+once by the parent and the same bytes are written to every worker.
+
+A message travels as one or more frames: a 4-byte big-endian header (its top bit set when more
+frames of the same message follow, the rest the frame's length, at most ``MAX_FRAME``), then
+that many bytes of the pickle. A pickle longer than a frame is split, as HTTP/2 splits a message
+into DATA frames, so no size of answer (a worker's exposition with a thousand model labels, its
+decisions) can break the channel; a message is refused only past ``MAX_MESSAGE``, where
+``encode`` raises ``MessageTooLarge`` for the sender to trim what it says (never a reason to
+close the channel). A reader that meets a frame over the limit, or a message over
+``MAX_MESSAGE``, is talking to something that is not our sender: ``ChannelClosed``, with why.
 
 Parent to worker: ``Init`` (first, once), ``PoolUpdate``, ``MetricsUpdate``, ``Unreachable``,
 ``Readiness``, ``Ask``. Worker to parent: ``Serving``, ``Answer``.
@@ -19,16 +27,35 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import structlog
+
 from endpoint_picker.datastore import PoolState
 from endpoint_picker.settings import Settings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
+log = structlog.get_logger(__name__)
+
 _HEADER = struct.Struct(">I")
-MAX_FRAME = 64 * 1024 * 1024  # a pool of many thousand endpoints fits far below this
+_MORE = 1 << 31  # the header's flag: another frame of this message follows
+MAX_FRAME = 4 * 1024 * 1024  # bytes of one frame: a pool of thousands of endpoints fits in one
+MAX_MESSAGE = 256 * 1024 * 1024  # bytes of one message, all its frames together
 
 
 class ChannelClosed(Exception):
-    """The other end of a worker channel is gone (EOF or a broken frame)."""
+    """The other end of a worker channel is gone (EOF) or sent what cannot be read; ``eof``:
+    it closed at a message boundary, as a worker that exits does."""
+
+    def __init__(self, reason: str, *, eof: bool = False) -> None:
+        super().__init__(reason)
+        self.eof = eof
+
+
+class MessageTooLarge(ValueError):
+    """A message whose pickle is over ``MAX_MESSAGE`` bytes: the sender must say less."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"a message of {size} bytes (at most {MAX_MESSAGE})")
+        self.size = size
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,25 +152,66 @@ class Final:
 
 
 def encode(message: object) -> bytes:
-    """One frame: length prefix and pickle."""
+    """The message's frames, ready to write: its pickle, split past ``MAX_FRAME`` bytes;
+    ``MessageTooLarge`` past ``MAX_MESSAGE``."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
+    size = len(data)
+    if size <= MAX_FRAME:  # nearly every message: one frame, one copy
+        return _HEADER.pack(size) + data
+    if size > MAX_MESSAGE:
+        raise MessageTooLarge(size)
+    view = memoryview(data)
+    parts: list[bytes | memoryview] = []
+    for start in range(0, size, MAX_FRAME):
+        chunk = view[start : start + MAX_FRAME]
+        last = start + MAX_FRAME >= size
+        parts += (_HEADER.pack(len(chunk) | (0 if last else _MORE)), chunk)
+    return b"".join(parts)
+
+
+def encode_answer(ask: Ask, payload: object) -> bytes:
+    """The answer to ``ask``, framed. One too large for the channel is trimmed, logged: a list
+    (the decisions, newest first) to its newest half, again until it fits; anything else (an
+    exposition) to no answer, so the parent keeps the previous one. Never a reason to close
+    the channel, which would restart the worker."""
+    while True:
+        try:
+            return encode(Answer(ask.ask_id, payload))
+        except MessageTooLarge as exc:
+            log.error("answer too large for the parent's channel; trimmed",
+                      question=ask.what, size=exc.size)  # fmt: skip
+            payload = payload[: len(payload) // 2] if isinstance(payload, list) else None
 
 
 async def read_message(reader: asyncio.StreamReader) -> object:
-    """The next message; ``ChannelClosed`` at EOF or on a frame that cannot be read."""
+    """The next message; ``ChannelClosed`` at EOF or on frames that cannot be read."""
+    chunks: list[bytes] = []
+    total = 0
     try:
-        header = await reader.readexactly(_HEADER.size)
-        (size,) = _HEADER.unpack(header)
-        if size > MAX_FRAME:
-            raise ChannelClosed(f"frame of {size} bytes")
-        data = await reader.readexactly(size)
+        while True:
+            try:
+                header = await reader.readexactly(_HEADER.size)
+            except asyncio.IncompleteReadError as exc:
+                if not exc.partial and not chunks:
+                    raise ChannelClosed("end of channel", eof=True) from exc
+                raise
+            (word,) = _HEADER.unpack(header)
+            size = word & ~_MORE
+            if size > MAX_FRAME:
+                raise ChannelClosed(f"a frame of {size} bytes (at most {MAX_FRAME})")
+            total += size
+            if total > MAX_MESSAGE:
+                raise ChannelClosed(f"a message of over {total} bytes (at most {MAX_MESSAGE})")
+            chunks.append(await reader.readexactly(size))
+            if not word & _MORE:
+                break
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
-        raise ChannelClosed(str(exc)) from exc
+        raise ChannelClosed(f"cut off mid-message: {exc}") from exc
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     try:
         return pickle.loads(data)  # our own processes, a private socketpair
     except Exception as exc:
-        raise ChannelClosed(f"undecodable frame: {exc}") from exc
+        raise ChannelClosed(f"undecodable message of {len(data)} bytes: {exc}") from exc
 
 
 def pack_pool(state: PoolState) -> tuple[Any, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 from tests.unit.scheduling.builders import endpoint
 
@@ -9,7 +11,7 @@ from endpoint_picker.errors import ErrorCode
 from endpoint_picker.requests import Api, LLMRequest
 from endpoint_picker.scheduling import Scheduler, build_scheduling
 from endpoint_picker.settings import SchedulingSettings
-from endpoint_picker.status.decisions import DecisionLog
+from endpoint_picker.status.decisions import DecisionLog, Refusal
 
 SECRET = "zebra-violet-4417"  # a prompt marker that must never be kept
 
@@ -115,3 +117,58 @@ def test_no_prompt_is_kept_or_shown() -> None:
     held = repr(list(log._ring))  # the records themselves, not just what is shown
     assert SECRET not in held
     assert "LLMRequest" not in held
+
+
+HUGE = 2 * 1024 * 1024  # a client's model name, inside Envoy's body limit
+
+
+def held_characters(log: DecisionLog) -> int:
+    """Characters of every string the ring's records hold (what the ring keeps alive)."""
+    total = 0
+    for item in log._ring:
+        fields = (
+            (item.request_id, item.model, item.target_model, item.message)
+            if isinstance(item, Refusal)
+            else item[1:4]
+        )
+        total += sum(len(f) for f in fields)
+    return total
+
+
+def test_multi_megabyte_client_strings_are_cut_where_decisions_are_kept() -> None:
+    """50 routed and 50 refused requests with 2 MB model names and request ids leave the ring
+    holding under 100 KB of strings and its JSON under 100 KB; two different long names stay
+    two names, one name always shows the same."""
+    log = DecisionLog()
+    parts = build_scheduling(
+        None, settings=SchedulingSettings(), staleness_threshold=2.0, record=log.record
+    )
+    eps = [endpoint(), endpoint()]
+    for i in range(50):
+        name = f"{i:03d}" + "m" * HUGE
+        request = replace(routed_request("r" * HUGE), model=name, target_model=name)
+        parts.scheduler.schedule(request, eps)
+        log.rejected("q" * HUGE, name, "", ErrorCode.NOT_FOUND, "x" * HUGE)
+    assert held_characters(log) < 100_000
+    shown_json = orjson.dumps(log.recent())
+    assert len(shown_json) < 100_000
+    newest, older = log.recent()[:2]
+    assert newest["model"] == newest["targetModel"]
+    assert newest["model"].startswith("049mmm")
+    assert "characters in all" in newest["model"]
+    assert newest["model"] != log.recent()[2]["model"]  # 049... and 048... stay distinct
+    assert older["requestId"].startswith("rrr")
+    assert len(older["requestId"]) < 300
+
+
+def test_control_and_bidi_characters_are_shown_escaped() -> None:
+    """A right-to-left override, a newline and a zero-width joiner in a model name and request
+    id come out of the JSON as visible ``\\u`` escapes, in the order they were sent."""
+    log = DecisionLog()
+    log.rejected("id\n2", "evil\u202egpj.exe\u200d", "", ErrorCode.NOT_FOUND, "no \u2066x")
+    (refusal,) = log.recent()
+    assert refusal["model"] == "evil\\u202egpj.exe\\u200d"
+    assert refusal["targetModel"] == refusal["model"]
+    assert refusal["requestId"] == "id\\u000a2"
+    assert refusal["error"]["message"] == "no \\u2066x"
+    assert all(c.isprintable() for c in orjson.dumps(refusal).decode())

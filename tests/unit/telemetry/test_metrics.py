@@ -31,14 +31,31 @@ def error_samples(metrics: EppMetrics) -> dict[tuple[str, str], float]:
 
 
 def test_made_up_model_names_cannot_grow_metrics_without_bound() -> None:
-    """Past MAX_MODEL_LABELS distinct names (or an overlong one) new names count as "other"."""
+    """Past MAX_MODEL_LABELS distinct routed names (or an overlong one) new names count as
+    "other"."""
     metrics = EppMetrics()
     for i in range(MAX_MODEL_LABELS + 50):
-        metrics.request_failed(f"model-{i}", f"model-{i}", ErrorCode.NOT_FOUND)
-    metrics.request_failed("x" * 1000, "", ErrorCode.NOT_FOUND)
+        metrics.request_started(f"model-{i}", f"model-{i}", 10)
+        metrics.request_failed(f"model-{i}", f"model-{i}", ErrorCode.SERVICE_UNAVAILABLE)
+    metrics.request_started("x" * 1000, "x" * 1000, 10)
+    metrics.request_failed("x" * 1000, "x" * 1000, ErrorCode.SERVICE_UNAVAILABLE)
     samples = error_samples(metrics)
     assert len({model for model, _ in samples}) == MAX_MODEL_LABELS + 1
-    assert samples[(OTHER_MODELS, "BadConfiguration")] == 51.0
+    assert samples[(OTHER_MODELS, "ServiceUnavailable")] == 51.0
+
+
+def test_a_refused_unknown_model_never_becomes_a_series() -> None:
+    """2,000 requests for distinct unknown names the EPP refuses (404, 400, 503) all count as
+    "other": no label is minted for them, and the budget stays whole for routed names."""
+    metrics = EppMetrics()
+    for i in range(2000):
+        code = (ErrorCode.NOT_FOUND, ErrorCode.BAD_REQUEST, ErrorCode.SERVICE_UNAVAILABLE)[i % 3]
+        metrics.request_failed(f"junk-{i}", f"junk-{i}", code)
+    assert {model for model, _ in error_samples(metrics)} == {OTHER_MODELS}
+    assert "junk-" not in metrics.render().decode()
+    metrics.request_started("routed-later", "routed-later", 10)
+    totals = samples_of(metrics, "inference_model_request_total")
+    assert totals == [({"model_name": "routed-later", "target_model_name": "routed-later"}, 1.0)]
 
 
 def test_configured_models_keep_their_label_after_the_budget_is_spent() -> None:
@@ -76,7 +93,7 @@ def test_process_metrics_are_exported() -> None:
 
 def test_error_codes_use_the_reference_names() -> None:
     """Error kinds are labelled as the reference EPP labels them."""
-    metrics = EppMetrics()
+    metrics = EppMetrics(is_configured_model={"m"}.__contains__)
     for code in ErrorCode:
         metrics.request_failed("m", "m", code)
     codes = {code for (_, code) in error_samples(metrics)}

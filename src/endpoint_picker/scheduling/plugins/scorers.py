@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from endpoint_picker.errors import kept
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, Routed, remember
 from endpoint_picker.scheduling.placement import RingWalk
@@ -105,7 +106,7 @@ class LoraAffinityScorer:
         return cls()
 
     def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]:
-        recent = self._recent.get(request.target_model)
+        recent = self._recent.get(kept(request.target_model))
         return tuple(recent) if recent else ()
 
     def on_routed(self, event: Routed) -> None:
@@ -135,7 +136,8 @@ class LoraAffinityScorer:
         adapter = request.target_model
         if _is_base_model(adapter, endpoints):
             return [self._running] * len(endpoints)
-        remember(self._scored, request.request_id, adapter)  # where it goes: ``preferred``
+        # where it goes: ``preferred``; the name as kept (a client's, for unknown models)
+        remember(self._scored, request.request_id, kept(adapter))
         running, free_slot, unknown, waiting = (
             self._running,
             self._free_slot,

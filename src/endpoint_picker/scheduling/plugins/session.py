@@ -22,6 +22,7 @@ import binascii
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from endpoint_picker.errors import kept
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, Routed, remember
 from endpoint_picker.scheduling.placement import (
@@ -93,7 +94,7 @@ class SessionAffinityScorer:
         if by_token is not None:
             return by_token
         session = headers.get(self._header)
-        return self._sessions.get(session) if session else None
+        return self._sessions.get(kept(session)) if session else None
 
     def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]:
         """For a sampled pool: the session's endpoint, or a new session's place on ``ring``."""
@@ -132,6 +133,7 @@ class SessionAffinityScorer:
         if not session:
             return
         sessions = self._sessions
+        session = kept(session)  # a client's header: a long one is kept as its cut and digest
         sessions[session] = event.endpoint
         sessions.move_to_end(session)
         if len(sessions) > self._max_sessions:
