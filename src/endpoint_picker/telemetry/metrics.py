@@ -360,7 +360,7 @@ class EppMetrics:
         self.pool_reload_total = Counter(
             "inference_extension_pool_reload",
             "Settled changes of the pool source by outcome: applied, rejected_empty (would have "
-            "removed every endpoint) or invalid (missing, unreadable or not a valid pool).",
+            "removed every pod) or invalid (missing, unreadable or not a valid pool).",
             ["result"],
             registry=r,
         )
