@@ -45,6 +45,7 @@ from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.requests import (
     Api,
     LLMRequest,
+    RequestIds,
     api_for_path,
     normalize_path,
     parse_request,
@@ -186,8 +187,10 @@ class Director:
         request_headers: Iterable[str] = (),
         session_tokens: bool = False,
         flow: FlowController[RoutingDecision] | None = None,
+        ids: RequestIds | None = None,
     ) -> None:
         self._pool = pool
+        self._ids = ids or RequestIds()
         self._flow = flow
         if flow is not None:
             request_headers = (*request_headers, FAIRNESS_HEADER, TIMEOUT_HEADER)
@@ -200,6 +203,11 @@ class Director:
         self._with_room = room_finder(saturation)
         self._allow_unknown = allow_unknown_models
         self._rng = rng or random.Random()
+
+    def new_request_id(self) -> str:
+        """A request id of the EPP's own, for one ext_proc stream: what every table and event
+        is keyed by (the client's ``x-request-id`` can be repeated by anyone: logs only)."""
+        return self._ids.new()
 
     def resolve_api(self, path: str) -> Api:
         """The API of ``path``; ``PathNotFoundError`` (404) for anything else."""
@@ -260,10 +268,12 @@ class Director:
         raw_body: bytes,
         subset: Sequence[str] | None,
         headers: Mapping[str, str] | None = None,
+        client_request_id: str = "",
     ) -> RoutingDecision:
         """Route a request with a body now (flow control is not asked); raises a
-        ``RequestError`` subclass."""
-        outcome = self._route(request_id, path, raw_body, subset, headers, None)
+        ``RequestError`` subclass. ``request_id`` is the EPP's own (``new_request_id``),
+        ``client_request_id`` the client's, for logs."""
+        outcome = self._route(request_id, path, raw_body, subset, headers, None, client_request_id)
         assert isinstance(outcome, RoutingDecision)  # no flow control, nothing queues
         return outcome
 
@@ -274,11 +284,14 @@ class Director:
         raw_body: bytes,
         subset: Sequence[str] | None,
         headers: Mapping[str, str] | None = None,
+        client_request_id: str = "",
     ) -> RoutingDecision | QueuedRoute:
         """``route``, through flow control when it is on: a request that must wait comes back
         as a ``QueuedRoute``, whose future raises the queue's 429 or 503 or the scheduling
         step's own error."""
-        return self._route(request_id, path, raw_body, subset, headers, self._flow)
+        return self._route(
+            request_id, path, raw_body, subset, headers, self._flow, client_request_id
+        )
 
     def _route(
         self,
@@ -288,10 +301,12 @@ class Director:
         subset: Sequence[str] | None,
         headers: Mapping[str, str] | None,
         flow: FlowController[RoutingDecision] | None,
+        client_request_id: str,
     ) -> RoutingDecision | QueuedRoute:
         request: LLMRequest | None = None
         try:
-            request = parse_request(request_id, self.resolve_api(path), raw_body, headers)
+            api = self.resolve_api(path)
+            request = parse_request(request_id, api, raw_body, headers, client_request_id)
             request = self._apply_objective(self._resolve_model(request))
             if flow is None:
                 return self._schedule(request, subset)
@@ -317,7 +332,7 @@ class Director:
         if flow.admit_now(priority, ready):
             return self._schedule(request, subset, shed=False)
         future = flow.enqueue(
-            request.request_id,
+            request.log_id,  # for its log lines only
             lambda: self._schedule(request, subset, shed=False),
             priority=priority,
             flow_id=request.headers.get(FAIRNESS_HEADER, ""),
@@ -337,14 +352,25 @@ class Director:
         return bool(self._with_room(candidates, priority))
 
     def route_headers_only(
-        self, request_id: str, path: str, subset: Sequence[str] | None
+        self,
+        request_id: str,
+        path: str,
+        subset: Sequence[str] | None,
+        client_request_id: str = "",
     ) -> RoutingDecision:
         """Route a request without a body (an extra path, or ``GET /v1/models`` when no
         InferenceModel lists the models) to any eligible endpoint."""
         api = self.resolve_api(path)
         if api not in (Api.OTHER, Api.MODELS):
             raise BadRequestError(f"{clip(normalize_path(path))} needs a JSON request body")
-        request = LLMRequest(request_id=request_id, api=api, model="", raw_body=b"", body={})
+        request = LLMRequest(
+            request_id=request_id,
+            api=api,
+            model="",
+            raw_body=b"",
+            body={},
+            client_request_id=client_request_id,
+        )
         return self._schedule(request, subset)
 
     def _resolve_model(self, request: LLMRequest) -> LLMRequest:
