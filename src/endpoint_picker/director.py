@@ -52,7 +52,7 @@ from endpoint_picker.requests import (
 )
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult, room_finder
 from endpoint_picker.scheduling.lifecycle import Lifecycle
-from endpoint_picker.types import Criticality, EndpointState, parse_hostport
+from endpoint_picker.types import Criticality, EndpointState, ascii_int, parse_hostport
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +62,8 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 # will wait (Envoy's header for the caller's expected timeout), which shortens the queue TTL.
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
+# Past this (a day) the header is not read: no queue TTL is that long, so it shortens nothing.
+MAX_CLIENT_TIMEOUT_MS = 24 * 3600 * 1000
 
 
 def criticality_of_priority(priority: int) -> Criticality:
@@ -487,7 +489,7 @@ class Director:
 
 
 def _client_timeout(header: str | None) -> float | None:
-    """``x-envoy-expected-rq-timeout-ms`` in seconds; None when absent or not a number."""
-    if not header or not header.isdigit():
-        return None
-    return int(header) / 1000
+    """``x-envoy-expected-rq-timeout-ms`` in seconds; None when absent, not ASCII digits or
+    past a day (the band's TTL stands)."""
+    millis = ascii_int(header, MAX_CLIENT_TIMEOUT_MS) if header else None
+    return None if millis is None else millis / 1000

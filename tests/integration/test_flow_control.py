@@ -281,3 +281,28 @@ async def test_requests_that_expired_or_went_away_leave_nothing_in_the_epp(
         kept = [o for o in gc.get_objects() if isinstance(o, LLMRequest) and o.model == "std"]
         assert kept == []
         assert flow.flows == 0
+
+
+async def test_only_an_ascii_expected_timeout_shortens_a_wait(tmp_path: Path) -> None:
+    """``x-envoy-expected-rq-timeout-ms: 200`` leaves the queue after 0.2 s; ``²`` (a 500
+    before) and Arabic-Indic ``٢٠٠`` are not numbers: those wait the band's TTL (0.8 s)."""
+    ttl = CONFIG.replace("defaultRequestTTL: 2s", "defaultRequestTTL: 800ms")
+    async with flow_app(tmp_path, config_text=ttl) as (_app, client, _servers):
+        loop = asyncio.get_running_loop()
+
+        async def waited(header: str) -> tuple[int, float]:
+            start = loop.time()
+            extra = {"x-envoy-expected-rq-timeout-ms": header}
+            raw = json_body({"model": "std", "prompt": "hello"})
+            out = await client.exchange([headers(extra=extra), body(raw)])
+            status, payload = error_of(out[0])
+            assert "timed out in queue" in payload["error"]["message"]
+            return status, loop.time() - start
+
+        ascii_digits, superscript, arabic_indic = await asyncio.wait_for(
+            asyncio.gather(waited("200"), waited("²"), waited("٢٠٠")), 5
+        )
+        assert ascii_digits[0] == superscript[0] == arabic_indic[0] == 503
+        assert ascii_digits[1] < 0.6
+        assert superscript[1] >= 0.7
+        assert arabic_indic[1] >= 0.7

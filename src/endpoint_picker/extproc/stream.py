@@ -33,6 +33,7 @@ from endpoint_picker.requests import Api
 from endpoint_picker.scheduling.plugins.session import SESSION_TOKEN_HEADER, session_token
 from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
 from endpoint_picker.telemetry.usage import UsageReader
+from endpoint_picker.types import ascii_int
 
 log = structlog.get_logger(__name__)
 
@@ -377,8 +378,7 @@ class RequestStream:
             if key == wire.CONTENT_TYPE:
                 content_type = _header_value(header)
             elif key == ":status":
-                text = _header_value(header)
-                status = int(text) if text.isdigit() else 0
+                status = ascii_int(_header_value(header), 999) or 0
             elif key == wire.UPSTREAM_FAILURE_HEADER:
                 upstream_failure = True
         if upstream_failure and self._decision is not None:
