@@ -60,6 +60,12 @@ log = structlog.get_logger(__name__)
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 # Flow control: the request's fairness id (the reference EPP's header), and how long the client
 # will wait (Envoy's header for the caller's expected timeout), which shortens the queue TTL.
+# Behind the shipped Envoy configs it never arrives: Envoy strips x-envoy-* headers a client
+# sends from outside before any filter runs, and its router sets this one on the upstream
+# request only (after ext_proc) and only from a route timeout, which the shipped routes leave
+# at 0 (generations run for minutes); there the band's TTL bounds a wait
+# (tests/e2e/test_envoy_queue_timeout.py). It does arrive from a trusted hop that sets it (a
+# mesh sidecar, a gateway treating its callers as internal).
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
 # Past this (a day) the header is not read: no queue TTL is that long, so it shortens nothing.
