@@ -35,6 +35,7 @@ from endpoint_picker.settings import (
     parse_duration,
 )
 from endpoint_picker.telemetry.logs import configure_logging, log_levels
+from endpoint_picker.types import MAX_PORT, ascii_int
 
 EXIT_USAGE = 2
 
@@ -60,16 +61,16 @@ def _typed(convert: Callable[[str], Any], name: str) -> Callable[[str], Any]:
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise ConfigError(f"port {value} out of range 0..65535")
+    value = ascii_int(text.strip(), MAX_PORT)
+    if value is None:
+        raise ConfigError(f"invalid port value: {text!r} (a number in 0..{MAX_PORT})")
     return value
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ConfigError(f"{value} must be >= 0")
+    value = ascii_int(text.strip(), 2**63 - 1)
+    if value is None:
+        raise ConfigError(f"invalid count value: {text!r} (a whole number >= 0)")
     return value
 
 
@@ -87,11 +88,8 @@ def _workers(text: str) -> int:
     quota (a pod limited to 2 CPUs on a 64-core node gets 2 workers, not 64)."""
     if text.strip() == "auto":
         return max(1, min(len(os.sched_getaffinity(0)), _cgroup_cpus()))
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+    value = ascii_int(text.strip(), 1 << 16)
+    if not value:
         raise ConfigError(f"{text!r} is not a number >= 1 or auto")
     return value
 

@@ -46,13 +46,14 @@ from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.requests import (
     Api,
     LLMRequest,
+    RequestIds,
     api_for_path,
     normalize_path,
     parse_request,
 )
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult, room_finder
 from endpoint_picker.scheduling.lifecycle import Lifecycle
-from endpoint_picker.types import Criticality, EndpointState, parse_hostport
+from endpoint_picker.types import Criticality, EndpointState, ascii_int, parse_hostport
 
 log = structlog.get_logger(__name__)
 
@@ -60,8 +61,16 @@ log = structlog.get_logger(__name__)
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 # Flow control: the request's fairness id (the reference EPP's header), and how long the client
 # will wait (Envoy's header for the caller's expected timeout), which shortens the queue TTL.
+# Behind the shipped Envoy configs it never arrives: Envoy strips x-envoy-* headers a client
+# sends from outside before any filter runs, and its router sets this one on the upstream
+# request only (after ext_proc) and only from a route timeout, which the shipped routes leave
+# at 0 (generations run for minutes); there the band's TTL bounds a wait
+# (tests/e2e/test_envoy_queue_timeout.py). It does arrive from a trusted hop that sets it (a
+# mesh sidecar, a gateway treating its callers as internal).
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
+# Past this (a day) the header is not read: no queue TTL is that long, so it shortens nothing.
+MAX_CLIENT_TIMEOUT_MS = 24 * 3600 * 1000
 
 
 def criticality_of_priority(priority: int) -> Criticality:
@@ -187,8 +196,10 @@ class Director:
         request_headers: Iterable[str] = (),
         session_tokens: bool = False,
         flow: FlowController[RoutingDecision] | None = None,
+        ids: RequestIds | None = None,
     ) -> None:
         self._pool = pool
+        self._ids = ids or RequestIds()
         self._flow = flow
         if flow is not None:
             request_headers = (*request_headers, FAIRNESS_HEADER, TIMEOUT_HEADER)
@@ -201,6 +212,11 @@ class Director:
         self._with_room = room_finder(saturation)
         self._allow_unknown = allow_unknown_models
         self._rng = rng or random.Random()
+
+    def new_request_id(self) -> str:
+        """A request id of the EPP's own, for one ext_proc stream: what every table and event
+        is keyed by (the client's ``x-request-id`` can be repeated by anyone: logs only)."""
+        return self._ids.new()
 
     def resolve_api(self, path: str) -> Api:
         """The API of ``path``; ``PathNotFoundError`` (404) for anything else."""
@@ -266,10 +282,12 @@ class Director:
         raw_body: bytes,
         subset: Sequence[str] | None,
         headers: Mapping[str, str] | None = None,
+        client_request_id: str = "",
     ) -> RoutingDecision:
         """Route a request with a body now (flow control is not asked); raises a
-        ``RequestError`` subclass."""
-        outcome = self._route(request_id, path, raw_body, subset, headers, None)
+        ``RequestError`` subclass. ``request_id`` is the EPP's own (``new_request_id``),
+        ``client_request_id`` the client's, for logs."""
+        outcome = self._route(request_id, path, raw_body, subset, headers, None, client_request_id)
         assert isinstance(outcome, RoutingDecision)  # no flow control, nothing queues
         return outcome
 
@@ -280,11 +298,14 @@ class Director:
         raw_body: bytes,
         subset: Sequence[str] | None,
         headers: Mapping[str, str] | None = None,
+        client_request_id: str = "",
     ) -> RoutingDecision | QueuedRoute:
         """``route``, through flow control when it is on: a request that must wait comes back
         as a ``QueuedRoute``, whose future raises the queue's 429 or 503 or the scheduling
         step's own error."""
-        return self._route(request_id, path, raw_body, subset, headers, self._flow)
+        return self._route(
+            request_id, path, raw_body, subset, headers, self._flow, client_request_id
+        )
 
     def _route(
         self,
@@ -294,10 +315,12 @@ class Director:
         subset: Sequence[str] | None,
         headers: Mapping[str, str] | None,
         flow: FlowController[RoutingDecision] | None,
+        client_request_id: str,
     ) -> RoutingDecision | QueuedRoute:
         request: LLMRequest | None = None
         try:
-            request = parse_request(request_id, self.resolve_api(path), raw_body, headers)
+            api = self.resolve_api(path)
+            request = parse_request(request_id, api, raw_body, headers, client_request_id)
             request = self._apply_objective(self._resolve_model(request))
             if flow is None:
                 return self._schedule(request, subset)
@@ -323,7 +346,7 @@ class Director:
         if flow.admit_now(priority, ready):
             return self._schedule(request, subset, shed=False)
         future = flow.enqueue(
-            request.request_id,
+            request.log_id,  # for its log lines only
             lambda: self._schedule(request, subset, shed=False),
             priority=priority,
             flow_id=kept(request.headers.get(FAIRNESS_HEADER, "")),  # a client string, kept
@@ -343,14 +366,25 @@ class Director:
         return bool(self._with_room(candidates, priority))
 
     def route_headers_only(
-        self, request_id: str, path: str, subset: Sequence[str] | None
+        self,
+        request_id: str,
+        path: str,
+        subset: Sequence[str] | None,
+        client_request_id: str = "",
     ) -> RoutingDecision:
         """Route a request without a body (an extra path, or ``GET /v1/models`` when no
         InferenceModel lists the models) to any eligible endpoint."""
         api = self.resolve_api(path)
         if api not in (Api.OTHER, Api.MODELS):
             raise BadRequestError(f"{clip(normalize_path(path))} needs a JSON request body")
-        request = LLMRequest(request_id=request_id, api=api, model="", raw_body=b"", body={})
+        request = LLMRequest(
+            request_id=request_id,
+            api=api,
+            model="",
+            raw_body=b"",
+            body={},
+            client_request_id=client_request_id,
+        )
         return self._schedule(request, subset)
 
     def _resolve_model(self, request: LLMRequest) -> LLMRequest:
@@ -467,7 +501,7 @@ class Director:
 
 
 def _client_timeout(header: str | None) -> float | None:
-    """``x-envoy-expected-rq-timeout-ms`` in seconds; None when absent or not a number."""
-    if not header or not header.isdigit():
-        return None
-    return int(header) / 1000
+    """``x-envoy-expected-rq-timeout-ms`` in seconds; None when absent, not ASCII digits or
+    past a day (the band's TTL stands)."""
+    millis = ascii_int(header, MAX_CLIENT_TIMEOUT_MS) if header else None
+    return None if millis is None else millis / 1000

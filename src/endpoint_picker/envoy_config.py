@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from endpoint_picker.types import MAX_PORT, ascii_int
+
 VARIANTS = ("reference", "fallback", "buffered")
 
 # deploy/envoy/templates/ in a source checkout (src/endpoint_picker/envoy_config.py -> repo).
@@ -85,9 +87,9 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     host, sep, port_text = text.strip().rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not port_text.isdigit() or not _is_ip(host):
+    port = ascii_int(port_text, MAX_PORT)
+    if not sep or port is None or not _is_ip(host):
         raise EnvoyConfigError(f"endpoint must be ip:port: {text!r}")
-    port = int(port_text)
     _port(port, f"endpoint {text!r} port")
     return host, port
 

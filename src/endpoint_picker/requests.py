@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -60,6 +62,9 @@ class LLMRequest:
 
     ``body`` is the parsed JSON (read it, never mutate it); ``raw_body`` the bytes received.
     ``target_model`` is the model the request is sent as, after any traffic split.
+    ``request_id`` is the EPP's own id (``RequestIds``): it keys every table the EPP keeps
+    and every lifecycle event. ``client_request_id`` is the client's ``x-request-id``, which
+    any client may repeat or invent: it is only shown (logs, the status page, ``log_id``).
     """
 
     request_id: str
@@ -77,6 +82,12 @@ class LLMRequest:
     stream: bool = False
     # the request headers the scheduler asked for (session ids, tokens), lower-case names
     headers: Mapping[str, str] = field(default_factory=dict)
+    client_request_id: str = ""  # for logs only, never a key
+
+    @property
+    def log_id(self) -> str:
+        """The id logs and the status page show: the client's, else the EPP's own."""
+        return self.client_request_id or self.request_id
 
     @property
     def prompt_text(self) -> str:
@@ -89,8 +100,27 @@ class LLMRequest:
         return ""
 
 
+class RequestIds:
+    """The EPP's own request ids, one per ext_proc stream: a random prefix per process (so
+    that ids from other workers or replicas, DESIGN principle 11, never collide) and a
+    counter. Cheaper than a uuid4, and no client can choose or repeat one."""
+
+    __slots__ = ("_counter", "_prefix")
+
+    def __init__(self, prefix: str | None = None) -> None:
+        self._prefix = secrets.token_hex(6) + "-" if prefix is None else prefix
+        self._counter = itertools.count(1)
+
+    def new(self) -> str:
+        return f"{self._prefix}{next(self._counter)}"
+
+
 def parse_request(
-    request_id: str, api: Api, raw_body: bytes, headers: Mapping[str, str] | None = None
+    request_id: str,
+    api: Api,
+    raw_body: bytes,
+    headers: Mapping[str, str] | None = None,
+    client_request_id: str = "",
 ) -> LLMRequest:
     """Parse and validate a request body for ``api``; raise ``BadRequestError``."""
     if api is Api.HEALTH:  # answered on its headers; routing it would reach a pod's /health
@@ -125,4 +155,5 @@ def parse_request(
         target_model=model,
         stream=body.get("stream") is True,
         headers=headers or {},
+        client_request_id=client_request_id,
     )

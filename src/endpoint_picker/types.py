@@ -15,6 +15,27 @@ class Criticality(StrEnum):
     SHEDDABLE = "Sheddable"
 
 
+MAX_PORT = 65535
+
+
+def ascii_int(text: str, maximum: int) -> int | None:
+    """``text`` as a whole number when it is 1 to 19 ASCII digits and at most ``maximum``;
+    None otherwise. The one way the EPP reads a number a client, a server or a file wrote:
+    ``str.isdigit`` passes ``²`` (which ``int`` refuses) and ``int`` reads other scripts'
+    digits (``٣`` is 3), signs, spaces and ``_``, and refuses 4,300 digits with ValueError."""
+    if not 0 < len(text) <= 19 or not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value <= maximum else None
+
+
+def _port(text: str, whole: str) -> int:
+    port = ascii_int(text, MAX_PORT)
+    if port is None:
+        raise ValueError(f"bad port in {whole!r}")
+    return port
+
+
 def format_hostport(address: str, port: int) -> str:
     """``ip:port``; IPv6 addresses are bracketed (``[::1]:8000``)."""
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
@@ -23,20 +44,21 @@ def format_hostport(address: str, port: int) -> str:
 def parse_hostport(text: str) -> tuple[str, int | None]:
     """Parse ``ip:port``, ``[v6]:port``, a bare ``ip`` or a bare IPv6 address.
 
-    Returns the canonical address and the port (``None`` when absent). Raises ``ValueError``.
+    Returns the canonical address and the port (``None`` when absent; ASCII digits, at most
+    65535). Raises ``ValueError``.
     """
     text = text.strip()
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
         if not sep:
             raise ValueError(f"unbalanced bracket in {text!r}")
-        port = int(rest[1:]) if rest.startswith(":") else None
+        port = _port(rest[1:], text) if rest.startswith(":") else None
         if rest and port is None:
             raise ValueError(f"bad port in {text!r}")
         return str(ipaddress.IPv6Address(host)), port
     if text.count(":") == 1:
         host, _, port_text = text.partition(":")
-        return str(ipaddress.IPv4Address(host)), int(port_text)
+        return str(ipaddress.IPv4Address(host)), _port(port_text, text)
     return str(ipaddress.ip_address(text)), None
 
 

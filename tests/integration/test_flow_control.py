@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.support.model_servers import FakeModelServer, fake_model_servers, vll
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
+from endpoint_picker.requests import LLMRequest
 from endpoint_picker.settings import Settings
 
 ADDRS = ["127.0.3.2", "127.0.3.3"]
@@ -239,3 +241,68 @@ async def test_a_subset_hinted_request_waits_for_its_own_endpoint_without_holdin
         out = await asyncio.wait_for(hinted, 5)
         assert lb_metadata(out[0]) == servers[0].hostport
         assert flow.waiting == 0
+
+
+async def test_requests_that_expired_or_went_away_leave_nothing_in_the_epp(
+    tmp_path: Path,
+) -> None:
+    """Large queued requests, each with a fairness id of its own, that time out (503) or whose
+    client goes away leave no trace: no flow, no request object, nothing waiting."""
+    short_ttl = CONFIG.replace("defaultRequestTTL: 2s", "defaultRequestTTL: 500ms")
+    async with flow_app(tmp_path, config_text=short_ttl) as (app, client, _servers):
+        assert app.flow is not None
+        flow = app.flow
+        prompt = "x" * (256 * 1024)
+
+        def large(i: int) -> list[object]:
+            fairness = {"x-gateway-inference-fairness-id": f"tenant-{i}"}
+            payload = json_body({"model": "std", "prompt": prompt})
+            return [headers(extra=fairness), body(payload)]
+
+        calls = []
+        for i in range(5):  # these clients go away while their requests wait
+            call = client.stub.Process()
+            for message in large(100 + i):
+                await call.write(message)
+            calls.append(call)
+        await until(lambda: flow.waiting == 5)
+        assert flow.flows == 5
+        for call in calls:
+            call.cancel()
+        await until(lambda: flow.waiting == 0)
+        expiring = [asyncio.create_task(client.exchange(large(i))) for i in range(10)]  # type: ignore[arg-type]
+        await until(lambda: flow.waiting == 10)
+        assert flow.flows == 10
+        outs = await asyncio.wait_for(asyncio.gather(*expiring), 5)
+        assert {error_of(out[0])[0] for out in outs} == {503}
+        await until(lambda: flow.waiting == 0)
+        del outs, expiring, calls
+        gc.collect()
+        kept = [o for o in gc.get_objects() if isinstance(o, LLMRequest) and o.model == "std"]
+        assert kept == []
+        assert flow.flows == 0
+
+
+async def test_only_an_ascii_expected_timeout_shortens_a_wait(tmp_path: Path) -> None:
+    """``x-envoy-expected-rq-timeout-ms: 200`` leaves the queue after 0.2 s; ``²`` (a 500
+    before) and Arabic-Indic ``٢٠٠`` are not numbers: those wait the band's TTL (0.8 s)."""
+    ttl = CONFIG.replace("defaultRequestTTL: 2s", "defaultRequestTTL: 800ms")
+    async with flow_app(tmp_path, config_text=ttl) as (_app, client, _servers):
+        loop = asyncio.get_running_loop()
+
+        async def waited(header: str) -> tuple[int, float]:
+            start = loop.time()
+            extra = {"x-envoy-expected-rq-timeout-ms": header}
+            raw = json_body({"model": "std", "prompt": "hello"})
+            out = await client.exchange([headers(extra=extra), body(raw)])
+            status, payload = error_of(out[0])
+            assert "timed out in queue" in payload["error"]["message"]
+            return status, loop.time() - start
+
+        ascii_digits, superscript, arabic_indic = await asyncio.wait_for(
+            asyncio.gather(waited("200"), waited("²"), waited("٢٠٠")), 5
+        )
+        assert ascii_digits[0] == superscript[0] == arabic_indic[0] == 503
+        assert ascii_digits[1] < 0.6
+        assert superscript[1] >= 0.7
+        assert arabic_indic[1] >= 0.7

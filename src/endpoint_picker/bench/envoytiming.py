@@ -22,6 +22,7 @@ import yaml
 
 from endpoint_picker.bench.model import INDEX_HEADER, RouterTiming
 from endpoint_picker.bench.stats import percentile
+from endpoint_picker.types import ascii_int
 
 _FORMAT = (
     f"%REQ({INDEX_HEADER.upper()})% %COMMON_DURATION(DS_RX_END:US_TX_BEG:us)% "
@@ -64,18 +65,23 @@ def read_timing(path: Path, indexes: Collection[int]) -> RouterTiming | None:
     client: list[float] = []
     for line in lines:
         fields = line.split()
-        if len(fields) != 4 or not fields[0].isdigit() or int(fields[0]) not in wanted:
+        if len(fields) != 4 or _micros(fields[0]) not in wanted:
             continue
-        after_end, to_client, after_start = fields[1:]
-        if not (after_start.isdigit() and to_client.isdigit()):
+        after_end, to_client, after_start = (_micros(f) for f in fields[1:])
+        if after_start is None or to_client is None:
             continue  # never went upstream, or no response came back
         # "-" after the end with a time after the start: the upstream request began while the
         # client's body was still arriving (Envoy alone streams it on), so nothing was added
-        upstream.append(int(after_end) / 1e6 if after_end.isdigit() else 0.0)
-        client.append(int(to_client) / 1e6)
+        upstream.append(after_end / 1e6 if after_end is not None else 0.0)
+        client.append(to_client / 1e6)
     if not upstream:
         return None
     return RouterTiming(len(upstream), _quantiles(upstream), _quantiles(client))
+
+
+def _micros(text: str) -> int | None:
+    """An access-log number (an index, or microseconds); None for ``-`` or anything else."""
+    return ascii_int(text, 2**63 - 1)
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:

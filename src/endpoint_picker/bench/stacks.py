@@ -46,6 +46,7 @@ from endpoint_picker.bench.processes import (
     shared_port,
 )
 from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
+from endpoint_picker.types import ascii_int
 
 STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
 FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
@@ -182,16 +183,17 @@ def _parse_one(entry: str) -> StackSpec:
         if spec.kind != "epp":
             raise BenchError(f"--stack: {entry!r}: {_PLAINTEXT} follows an epp target")
         return replace(spec, name=entry, plaintext=True)
-    base, at, workers = entry.rpartition("@w")
-    if at and workers.isdigit():
+    base, at, workers_text = entry.rpartition("@w")
+    workers = ascii_int(workers_text, 2**31)
+    if at and workers is not None:
         spec = _parse_one(base)
-        if spec.kind != "epp" or not 1 <= int(workers) <= _MAX_REPLICAS:
+        if spec.kind != "epp" or not 1 <= workers <= _MAX_REPLICAS:
             raise BenchError(f"--stack: {entry!r}: @wN follows an epp target, N from 1 to "
                              f"{_MAX_REPLICAS}")  # fmt: skip
-        return replace(spec, name=entry, workers=int(workers))
+        return replace(spec, name=entry, workers=workers)
     count, x, rest = entry.partition("x")
-    if x and count.isdigit() and (rest == "epp" or rest.startswith("epp=")):
-        replicas = int(count)
+    replicas = ascii_int(count, 2**31)
+    if x and replicas is not None and (rest == "epp" or rest.startswith("epp=")):
         if not 1 <= replicas <= _MAX_REPLICAS:
             raise BenchError(f"--stack: {entry!r}: 1 to {_MAX_REPLICAS} replicas")
         spec = _parse_one(rest)

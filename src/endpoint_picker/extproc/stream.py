@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 
 import structlog
@@ -34,6 +33,7 @@ from endpoint_picker.requests import Api
 from endpoint_picker.scheduling.plugins.session import SESSION_TOKEN_HEADER, session_token
 from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
 from endpoint_picker.telemetry.usage import UsageReader
+from endpoint_picker.types import ascii_int
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +73,7 @@ _ADDED_HEADER_BYTES = 512
 
 
 def _safe_request_id(raw: str) -> str:
-    """The client's request id as logged: printable ASCII, bounded, or "" to generate one."""
+    """The client's request id as logged: printable ASCII, bounded, or "" (none usable)."""
     text = raw[:_MAX_REQUEST_ID]
     return text if text.isascii() and text.isprintable() else ""
 
@@ -126,6 +126,11 @@ class RequestStream:
         self._request_mode = FULL_DUPLEX
         self._response_mode = FULL_DUPLEX
         self._path = ""
+        # The EPP's own id for this request (``Director.new_request_id``): every table and
+        # event is keyed by it. The client's x-request-id, which any client may repeat, is
+        # only logged and shown; ``_request_id`` is the one logs use (the client's, else ours).
+        self._id = ""
+        self._client_id = ""
         self._request_id = ""
         self._spoofed: list[str] = []
         self._subset: list[str] | None = None
@@ -198,7 +203,7 @@ class RequestStream:
             if key == ":path":
                 self._path = _header_value(header)
             elif key == wire.REQUEST_ID_HEADER:
-                self._request_id = _safe_request_id(_header_value(header))
+                self._client_id = _safe_request_id(_header_value(header))
             elif (
                 key.startswith(wire.DESTINATION_HEADER_PREFIX) and key != wire.DESTINATION_ENDPOINT
             ):
@@ -207,9 +212,14 @@ class RequestStream:
             elif key in wanted:  # what the scheduler reads: session ids and tokens
                 self._headers[key] = _header_value(header)[:_MAX_SCHEDULER_HEADER]
         self._received_at = self._clock()
-        if not self._request_id:
-            self._request_id = uuid.uuid4().hex
-        structlog.contextvars.bind_contextvars(request_id=self._request_id)
+        self._id = self._director.new_request_id()
+        self._request_id = self._client_id or self._id
+        if self._client_id:
+            structlog.contextvars.bind_contextvars(
+                request_id=self._client_id, epp_request_id=self._id
+            )
+        else:
+            structlog.contextvars.bind_contextvars(request_id=self._id)
         self._subset = subset_hint(message)
         # The destination header, and the body's length when the client sent none, must still
         # fit Envoy's limits: past them Envoy drops the mutation with an empty 500.
@@ -239,7 +249,9 @@ class RequestStream:
             if not headers.end_of_stream:
                 raise BadRequestError("GET /v1/models takes no request body")
         if headers.end_of_stream:
-            decision = self._director.route_headers_only(self._request_id, self._path, self._subset)
+            decision = self._director.route_headers_only(
+                self._id, self._path, self._subset, self._client_id
+            )
             self._routed(decision)
             return [self._headers_response(decision, content_length=None)]
         if self._request_mode == FULL_DUPLEX:
@@ -291,7 +303,7 @@ class RequestStream:
         raw = bytes(self._body)
         self._drop_body()
         outcome = self._director.route_or_queue(
-            self._request_id, self._path, raw, self._subset, self._headers
+            self._id, self._path, raw, self._subset, self._headers, self._client_id
         )
         if isinstance(outcome, QueuedRoute):
             # Flow control holds it: the servicer awaits ``resume()`` before the next message.
@@ -374,8 +386,7 @@ class RequestStream:
             if key == wire.CONTENT_TYPE:
                 content_type = _header_value(header)
             elif key == ":status":
-                text = _header_value(header)
-                status = int(text) if text.isdigit() else 0
+                status = ascii_int(_header_value(header), 999) or 0
             elif key == wire.UPSTREAM_FAILURE_HEADER:
                 upstream_failure = True
         if upstream_failure and self._decision is not None:
@@ -458,4 +469,4 @@ class RequestStream:
             if self._metrics is not None:
                 self._metrics.request_abandoned(self._decision.request.model)
         self._drop_body()
-        structlog.contextvars.unbind_contextvars("request_id")
+        structlog.contextvars.unbind_contextvars("request_id", "epp_request_id")

@@ -21,6 +21,9 @@ Outcomes, each counted by ``FlowObserver.left`` and logged with the request id:
 - ``evicted``: a Sheddable (negative priority) request pushed out to admit a higher one: 429;
 - ``expired``: waited past its TTL: 503 "request timed out in queue";
 - ``cancelled``: the caller stopped waiting (the client went away): nothing is sent anywhere.
+
+Whichever way a request leaves, the controller keeps nothing of it (its body, its future,
+its flow: see ``queues.py``), so memory returns to what it was once the queue has drained.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import structlog
 
 from endpoint_picker.errors import ServiceUnavailableError, TooManyRequestsError
 from endpoint_picker.flowcontrol.config import FlowControlConfig
-from endpoint_picker.flowcontrol.queues import Band, QueuedRequest, T
+from endpoint_picker.flowcontrol.queues import Band, QueuedRequest, T, compacted, live_heap
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +85,11 @@ class FlowController(Generic[T]):
     @property
     def waiting(self) -> int:
         return self._count
+
+    @property
+    def flows(self) -> int:
+        """Flows (fairness ids, per band) with a request waiting; none are kept past that."""
+        return sum(band.flows for band in self._bands.values())
 
     def waiting_in(self, priority: int) -> int:
         band = self._bands.get(priority)
@@ -170,9 +178,9 @@ class FlowController(Generic[T]):
         """Fail every waiting request (shutdown): 503, nothing is left waiting."""
         for band in self._bands.values():
             while (item := band.pop()) is not None:
-                self._leave(item, EXPIRED)
-                if not item.future.done():
-                    item.future.set_exception(
+                future = self._leave(item, EXPIRED)
+                if not future.done():
+                    future.set_exception(
                         ServiceUnavailableError("the endpoint picker is shutting down")
                     )
 
@@ -198,8 +206,7 @@ class FlowController(Generic[T]):
                 break
             band = self._bands[p]
             while not self._fits_total(size) and (victim := band.newest()) is not None:
-                self._leave(victim, EVICTED)
-                victim.future.set_exception(
+                self._leave(victim, EVICTED).set_exception(
                     TooManyRequestsError(
                         "the pool is saturated and a higher-priority request needed the"
                         " queue space; retry later"
@@ -232,15 +239,16 @@ class FlowController(Generic[T]):
         return None
 
     def _dispatch(self, item: QueuedRequest[T]) -> None:
-        self._leave(item, DISPATCHED)
-        if item.future.done():  # cancelled a moment ago; its callback has not run yet
-            return
+        dispatch, context = item.dispatch, item.context
+        future = self._leave(item, DISPATCHED)
+        if future.done() or dispatch is None or context is None:
+            return  # cancelled a moment ago; its callback has not run yet
         try:
-            result = item.context.run(item.dispatch)
+            result = context.run(dispatch)
         except Exception as exc:  # the scheduling step's own error, for the caller to answer
-            item.future.set_exception(exc)
+            future.set_exception(exc)
         else:
-            item.future.set_result(result)
+            future.set_result(result)
 
     def _expire(self) -> None:
         now = self._clock()
@@ -248,11 +256,11 @@ class FlowController(Generic[T]):
             item = heapq.heappop(self._deadlines)[2]
             if item.gone:
                 continue
-            self._leave(item, EXPIRED)
+            future = self._leave(item, EXPIRED)
             log.info("queued request timed out", expired_request_id=item.request_id,
                      priority=item.priority, waited=round(now - item.enqueued_at, 3))  # fmt: skip
-            if not item.future.done():
-                item.future.set_exception(
+            if not future.done():
+                future.set_exception(
                     ServiceUnavailableError("request timed out in queue: the pool is saturated")
                 )
         while self._deadlines and self._deadlines[0][2].gone:
@@ -263,17 +271,21 @@ class FlowController(Generic[T]):
             self._leave(item, CANCELLED)
             log.debug("queued request cancelled", priority=item.priority)
 
-    def _leave(self, item: QueuedRequest[T], outcome: str) -> None:
-        if item.gone:
-            return
-        item.gone = True
+    def _leave(self, item: QueuedRequest[T], outcome: str) -> asyncio.Future[T]:
+        """Take ``item`` out of every count and let go of what it carried; its future (for
+        the caller to resolve) is returned. Once per request: callers check ``gone``."""
+        future: asyncio.Future[T] = item.future
+        item.release()
         band = self._bands[item.priority]
         band.removed(item)
         self._count -= 1
         self._bytes -= item.size
+        if compacted(self._deadlines, self._count):
+            self._deadlines = live_heap(self._deadlines)
         self._report(band)
         if self._observer is not None:
             self._observer.left(item.priority, outcome, self._clock() - item.enqueued_at)
+        return future
 
     def _report(self, band: Band[T]) -> None:
         if self._observer is not None:

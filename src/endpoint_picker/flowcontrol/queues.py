@@ -5,13 +5,19 @@ policy); a ``Flow`` holds one fairness id's requests and picks which goes next (
 policy). Removal is lazy: a request that leaves early (cancelled, expired, evicted) is marked
 and skipped when reached, so every operation stays O(1) or O(log n) in the requests waiting
 (the global-FIFO policy scans the band's flows, which are few).
+
+Nothing outlives a request's stay: a request that leaves by any path drops what it carries
+(``QueuedRequest.release``: the dispatch closure with the body, its context, its future), a
+flow is dropped with its last waiting request, and a list whose left entries outnumber its
+waiting ones is rebuilt (``compacted``), so every structure stays within twice the requests
+waiting, plus a few.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
 from contextvars import Context
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -19,11 +25,19 @@ from typing import Any, Generic, TypeVar
 from endpoint_picker.flowcontrol.config import BandConfig, FairnessPolicy, OrderingPolicy
 
 T = TypeVar("T")
+_E = TypeVar("_E")
+
+# A lazily cleaned list is rebuilt once it holds more than twice its live entries plus this.
+_SLACK = 16
 
 
 @dataclass(eq=False, slots=True)
 class QueuedRequest(Generic[T]):
-    """One waiting request. ``dispatch`` runs (in ``context``) when it is admitted."""
+    """One waiting request. ``dispatch`` runs (in ``context``) when it is admitted.
+
+    ``dispatch``, ``context``, ``future`` and ``ready`` are None once it left the queue: the
+    entries the queues still hold until they are cleaned up must not keep its body alive.
+    """
 
     request_id: str
     flow_id: str
@@ -32,9 +46,9 @@ class QueuedRequest(Generic[T]):
     enqueued_at: float
     deadline: float  # when it leaves with a 503; EDF orders by it
     seq: int  # arrival order, the tie-breaker everywhere
-    dispatch: Callable[[], T]
-    context: Context
-    future: Any = field(repr=False)  # asyncio.Future[T]
+    dispatch: Callable[[], T] | None
+    context: Context | None
+    future: Any = field(repr=False)  # asyncio.Future[T]; None once gone
     gone: bool = False  # left the queue (dispatched, cancelled, expired, evicted)
     # Whether the request could go now besides the pool having room (None: always): a
     # request limited to some endpoints (a subset hint) waits until one of them has room.
@@ -43,23 +57,54 @@ class QueuedRequest(Generic[T]):
     def can_go(self) -> bool:
         return self.ready is None or self.ready()
 
+    def release(self) -> None:
+        """It left the queue: mark it, and let go of everything it carried."""
+        self.gone = True
+        self.dispatch = self.context = self.future = self.ready = None
+
+
+def compacted(entries: list[_E] | deque[_E], live: int) -> bool:
+    """Whether ``entries`` (a lazily cleaned list of which ``live`` are waiting) holds so many
+    left ones that it is worth rebuilding: amortised O(1) per removal."""
+    return len(entries) > 2 * live + _SLACK
+
+
+def live_heap(
+    entries: Iterable[tuple[float, int, QueuedRequest[T]]],
+) -> list[tuple[float, int, QueuedRequest[T]]]:
+    """A (deadline, seq, request) heap of the entries still waiting."""
+    heap = [entry for entry in entries if not entry[2].gone]
+    heapq.heapify(heap)
+    return heap
+
 
 class Flow(Generic[T]):
     """One fairness id's requests in a band, in the band's ordering."""
 
-    __slots__ = ("_fifo", "_heap", "_ordering", "flow_id")
+    __slots__ = ("_fifo", "_heap", "_ordering", "flow_id", "live")
 
     def __init__(self, flow_id: str, ordering: OrderingPolicy) -> None:
         self.flow_id = flow_id
         self._ordering = ordering
         self._fifo: deque[QueuedRequest[T]] = deque()
         self._heap: list[tuple[float, int, QueuedRequest[T]]] = []
+        self.live = 0  # requests of this flow still waiting (its lists may hold left ones)
 
     def push(self, item: QueuedRequest[T]) -> None:
+        self.live += 1
         if self._ordering is OrderingPolicy.EDF:
             heapq.heappush(self._heap, (item.deadline, item.seq, item))
         else:
             self._fifo.append(item)
+
+    def left(self) -> None:
+        """One of its requests left the queue (by any path): clean up when worth it."""
+        self.live -= 1
+        if self._ordering is OrderingPolicy.EDF:
+            if compacted(self._heap, self.live):
+                self._heap = live_heap(self._heap)
+        elif compacted(self._fifo, self.live):
+            self._fifo = deque(i for i in self._fifo if not i.gone)
 
     def head(self) -> QueuedRequest[T] | None:
         """The next live request, dropping the ones that left meanwhile."""
@@ -106,18 +151,28 @@ class Flow(Generic[T]):
 
 
 class Band(Generic[T]):
-    """The requests of one priority: counts, limits, and the fairness between its flows."""
+    """The requests of one priority: counts, limits, and the fairness between its flows.
 
-    __slots__ = ("_active", "_arrivals", "_flows", "bytes", "config", "count", "priority")
+    Only flows with a waiting request exist: a flow is made by its first request and dropped
+    when its last one leaves, so a client inventing fairness ids grows nothing beyond the
+    requests the queue limits let wait.
+    """
+
+    __slots__ = ("_arrivals", "_flows", "bytes", "config", "count", "priority")
 
     def __init__(self, priority: int, config: BandConfig) -> None:
         self.priority = priority
         self.config = config
         self.count = 0
         self.bytes = 0
-        self._flows: dict[str, Flow[T]] = {}
-        self._active: deque[str] = deque()  # flows that may hold requests, in turn order
+        # the flows with waiting requests, in round-robin turn order (next turn first)
+        self._flows: OrderedDict[str, Flow[T]] = OrderedDict()
         self._arrivals: deque[QueuedRequest[T]] = deque()  # for eviction: newest last
+
+    @property
+    def flows(self) -> int:
+        """How many flows (fairness ids) have a request waiting in this band."""
+        return len(self._flows)
 
     def fits(self, size: int) -> bool:
         c = self.config
@@ -129,63 +184,54 @@ class Band(Generic[T]):
         flow = self._flows.get(item.flow_id)
         if flow is None:
             flow = self._flows[item.flow_id] = Flow(item.flow_id, self.config.ordering)
-            self._active.append(item.flow_id)
         flow.push(item)
         self._arrivals.append(item)
         self.count += 1
         self.bytes += item.size
 
     def removed(self, item: QueuedRequest[T]) -> None:
-        """Account for ``item`` leaving (it is already marked ``gone``)."""
+        """Account for ``item`` leaving by any path (it is already marked ``gone``): its flow
+        goes with its last request, and the lists that still hold it are cleaned up in time."""
         self.count -= 1
         self.bytes -= item.size
+        flow = self._flows.get(item.flow_id)
+        if flow is not None:
+            flow.left()
+            if flow.live <= 0:
+                del self._flows[item.flow_id]
+        if compacted(self._arrivals, self.count):
+            self._arrivals = deque(i for i in self._arrivals if not i.gone)
 
     def pop(self, ready_only: bool = False) -> QueuedRequest[T] | None:
         """The next request by the band's fairness policy (``None``: nothing waits).
 
         ``ready_only``: pass over the requests that cannot go yet (``can_go``), in a flow's
         order: the first one that can goes; a flow none of whose requests can keeps its turn.
+        The request is taken out of its flow's order; ``removed`` follows when it has left.
         """
         if self.count == 0:
             return None
         if self.config.fairness is FairnessPolicy.GLOBAL_FIFO:
             return self._pop_oldest(ready_only)
-        for _ in range(len(self._active)):
-            flow_id = self._active.popleft()
-            flow = self._flows[flow_id]
-            if flow.head() is None:  # its requests all left early
-                del self._flows[flow_id]
-                continue
+        for _ in range(len(self._flows)):
+            flow_id, flow = next(iter(self._flows.items()))
+            self._flows.move_to_end(flow_id)  # its turn comes again after the others'
             item = flow.first_ready() if ready_only else flow.head()
-            if item is None:  # none of its requests can go yet: it keeps its turn
-                self._active.append(flow_id)
-                continue
-            flow.take(item)
-            if flow.head() is None:
-                del self._flows[flow_id]
-            else:
-                self._active.append(flow_id)  # its turn comes again after the others'
-            return item
+            if item is not None:
+                flow.take(item)
+                return item
         return None
 
     def _pop_oldest(self, ready_only: bool) -> QueuedRequest[T] | None:
         best: Flow[T] | None = None
         best_item: QueuedRequest[T] | None = None
-        for flow_id in list(self._active):
-            flow = self._flows[flow_id]
-            if flow.head() is None:
-                del self._flows[flow_id]
-                self._active.remove(flow_id)
-                continue
+        for flow in self._flows.values():
             item = flow.first_ready() if ready_only else flow.head()
             if item is not None and (best_item is None or item.seq < best_item.seq):
                 best, best_item = flow, item
         if best is None or best_item is None:
             return None
         best.take(best_item)
-        if best.head() is None:
-            del self._flows[best.flow_id]
-            self._active.remove(best.flow_id)
         return best_item
 
     def newest(self) -> QueuedRequest[T] | None:

@@ -35,7 +35,7 @@ from typing import Final
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from endpoint_picker.errors import EppError
-from endpoint_picker.types import format_hostport
+from endpoint_picker.types import ascii_int, format_hostport
 
 MAX_BODY: Final = 16 * 1024 * 1024  # a /metrics page bigger than this is not a model server's
 READ_BUFFER_SIZE: Final = 256 * 1024  # a vLLM page (about 64 KB) in one read
@@ -146,8 +146,11 @@ class _Connection(asyncio.BufferedProtocol):
         name = name.lower()
         if name == b"content-length":
             self._framed = True
-            if int(value) > self._max_body:
-                raise self._stop(ScrapeError(f"page too large ({int(value)} bytes)"))
+            length = ascii_int(value.decode("latin-1"), 2**63 - 1)
+            if length is None:
+                raise self._stop(ScrapeError("bad content-length"))
+            if length > self._max_body:
+                raise self._stop(ScrapeError(f"page too large ({length} bytes)"))
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             self._framed = True
 

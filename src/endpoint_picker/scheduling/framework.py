@@ -271,7 +271,7 @@ class SchedulerProfile:
     def _nothing_left(self, request: LLMRequest) -> Sequence[EndpointState]:
         self.last = None
         if self.debug:
-            log.debug("filters left no endpoint", profile=self.name, request_id=request.request_id)
+            log.debug("filters left no endpoint", profile=self.name, request_id=request.log_id)
         return ()
 
     def _log_cycle(
@@ -284,7 +284,7 @@ class SchedulerProfile:
         log.debug(
             "scheduled",
             profile=self.name,
-            request_id=request.request_id,
+            request_id=request.log_id,
             scores={e.hostport: round(t, 4) for e, t in zip(endpoints, totals, strict=True)},
             picked=[e.hostport for e in picked],
         )
@@ -375,7 +375,7 @@ class Scheduler:
                 self._scores_due = when + self._scores_interval
                 scores = profile.last
             record(
-                (when, request.request_id, request.model, request.target_model,
+                (when, request.log_id, request.model, request.target_model,
                  len(candidates), profile, result.endpoints, scores)
             )  # fmt: skip
         if observer is not None:

@@ -11,6 +11,10 @@ to these events; the same events could arrive from another worker or replica.
 Events are small and carry no prompt: ``Routed`` holds the request object, from which a
 subscriber computes what it needs (the prefix plugin keeps the hashes it computed while
 scoring, so nothing is hashed twice).
+
+Every event, and every table a subscriber keeps per request, is keyed by the EPP's own request
+id (``LLMRequest.request_id``, one per ext_proc stream, unique across workers and replicas),
+never by the client's ``x-request-id``: any client may send the same one on many requests.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ class Routed:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    request_id: str
+    request_id: str  # the EPP's own (LLMRequest.request_id), never the client's
     ok: bool  # a complete response (any status) rather than a stream that ended early
     # end to end, from the request's headers to the end of its response (or of its stream)
     seconds: float | None = None
@@ -196,7 +200,7 @@ class InFlight:
     def on_routed(self, event: Routed) -> None:
         request_id = event.request.request_id
         previous = self._by_request.get(request_id)
-        if previous is not None:  # a request id reused while in flight: move it
+        if previous is not None:  # the same request routed again while in flight: move it
             self._decrement(previous)
         self._by_request[request_id] = event.endpoint
         self._counts[event.endpoint] = self._counts.get(event.endpoint, 0) + 1

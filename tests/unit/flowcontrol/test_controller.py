@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -16,6 +18,7 @@ from endpoint_picker.flowcontrol import (
     FlowController,
     OrderingPolicy,
 )
+from endpoint_picker.flowcontrol.queues import QueuedRequest
 
 
 @dataclass
@@ -327,3 +330,85 @@ async def test_dispatcher_waits_while_saturated_and_wakes_on_kick(
     pool.saturated = False
     flow.kick()
     assert await asyncio.wait_for(future, 1) == "r"
+
+
+class Payload:
+    """Stands for a queued request's body: only its dispatch closure refers to it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.body = bytearray(64 * 1024)
+
+
+@pytest.mark.parametrize("fairness", [FairnessPolicy.ROUND_ROBIN, FairnessPolicy.GLOBAL_FIFO])
+@pytest.mark.parametrize("ordering", [OrderingPolicy.FCFS, OrderingPolicy.EDF])
+async def test_requests_that_left_leave_nothing_behind(
+    running: Callable[..., None], fairness: FairnessPolicy, ordering: OrderingPolicy
+) -> None:
+    """However a request leaves (expired, cancelled, evicted, dispatched), the controller keeps
+    no reference to what it carried (its payload dies) and its flow is dropped."""
+    pool = Pool()
+    band = BandConfig(fairness=fairness, ordering=ordering)
+    flow = controller(pool, FlowControlConfig(max_requests=30, default_ttl=10, default_band=band))
+    payloads: list[weakref.ref[Payload]] = []
+    futures: list[asyncio.Future[str]] = []
+
+    def queue(name: str, priority: int, timeout: float | None = None) -> None:
+        payload = Payload(name)
+        payloads.append(weakref.ref(payload))
+
+        def run() -> str:
+            pool.room -= 1
+            pool.dispatched.append(payload.name)
+            return payload.name
+
+        futures.append(
+            flow.enqueue(
+                name, run, priority=priority, flow_id=f"tenant-{name}", size=1, timeout=timeout
+            )
+        )
+
+    for i in range(10):
+        queue(f"expires-{i}", 0, timeout=1)
+    for i in range(10):
+        queue(f"cancelled-{i}", 0)
+    for i in range(10):
+        queue(f"sheddable-{i}", -1)
+    for i in range(10):  # each evicts a Sheddable request: the queue holds 30
+        queue(f"critical-{i}", 1)
+    assert flow.waiting == 30
+    for future in futures[10:20]:
+        future.cancel()
+    await asyncio.sleep(0)  # the cancelled futures' callbacks
+    running(flow)
+    pool.now = 2.0  # the first ten expire
+    pool.room = 10  # the critical ones go
+    await settle(pool, 10)
+    for _ in range(100):
+        if flow.waiting == 0:
+            break
+        await asyncio.sleep(0.001)
+    assert flow.waiting == 0
+    assert all(future.done() for future in futures)
+    futures.clear()
+    gc.collect()
+    alive = [name for ref in payloads if (name := getattr(ref(), "name", None))]
+    assert alive == []
+    assert flow.flows == 0
+
+
+async def test_requests_coming_and_going_behind_a_waiting_one_grow_nothing() -> None:
+    """While one request waits, a thousand others queued and cancelled behind it (each with a
+    fairness id of its own) leave at most a few bookkeeping entries, not one each."""
+    pool = Pool()
+    flow = controller(pool)
+    flow.enqueue("patient", pool.dispatch("patient"), priority=0, flow_id="patient")
+    for i in range(1000):
+        future = flow.enqueue(str(i), pool.dispatch(str(i)), priority=0, flow_id=f"t{i}")
+        future.cancel()
+        await asyncio.sleep(0)  # its done callback
+    assert flow.waiting == 1
+    gc.collect()
+    kept = sum(1 for o in gc.get_objects() if isinstance(o, QueuedRequest))
+    assert kept < 50
+    assert flow.flows == 1
