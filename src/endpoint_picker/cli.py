@@ -499,8 +499,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 async def _serve(settings: Settings) -> None:
-    from endpoint_picker.app import App, freeze_startup_heap  # grpc: keep --help fast
+    from endpoint_picker.app import (  # grpc: keep --help fast
+        App,
+        freeze_startup_heap,
+        return_large_blocks_to_os,
+    )
 
+    return_large_blocks_to_os()
     if settings.server.supervised:
         from endpoint_picker.workers import build_parent
 

@@ -23,7 +23,7 @@ import sys
 
 import structlog
 
-from endpoint_picker.app import App, freeze_startup_heap
+from endpoint_picker.app import App, freeze_startup_heap, return_large_blocks_to_os
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.roles import WorkerRole
 from endpoint_picker.scheduling.lifecycle import SharedInFlight
@@ -206,6 +206,7 @@ async def _run(channel_fd: int, table_fd: int) -> int:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel_fd, table_fd = int(argv[0]), int(argv[1])
+    return_large_blocks_to_os()
     try:
         return asyncio.run(_run(channel_fd, table_fd))
     except ConfigError as exc:  # a start-up failure: one line, like `epp serve`
