@@ -455,6 +455,8 @@ class App:
             tls,
             client_ca,
             reuse_port=self._worker is not None,
+            budget=budget,
+            limits=server_settings.connections,
         )
         self._ext_server = server
         return port
