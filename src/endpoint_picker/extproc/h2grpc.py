@@ -348,10 +348,7 @@ class _Connection(asyncio.Protocol):
         elif isinstance(event, StreamReset):
             call = self._calls.get(event.stream_id)
             if call is not None:
-                premature = not call.answered and self._resets.reset(self._now - call.opened_at)
-                self._drop(call)
-                if premature:
-                    self._calm(b"too_many_resets", streams=self._resets.opened)
+                self._reset_by_client(call)
         elif isinstance(event, WindowUpdated):
             if event.stream_id:
                 call = self._calls.get(event.stream_id)
@@ -587,7 +584,7 @@ class _Connection(asyncio.Protocol):
             call.outbox.append(memoryview(framed))
             self._send_outbox(call)
         except ProtocolError:  # the client reset the stream in the frames just read
-            self._drop(call)
+            self._reset_by_client(call)
 
     def _finish(self, call: _Call, code: int, message: str = "", *, rest: bool = True) -> None:
         """End the session and answer the call with its status, once the client has ended its
@@ -647,7 +644,7 @@ class _Connection(asyncio.Protocol):
             if not call.ended:  # its rest is over: ask the client to stop sending
                 h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
         except ProtocolError:  # the client reset the stream in the frames just read
-            self._drop(call)
+            self._reset_by_client(call)
             return
         self._forget(call)
 
@@ -715,12 +712,22 @@ class _Connection(asyncio.Protocol):
         self._end_session(call)
         self._forget(call)
 
+    def _reset_by_client(self, call: _Call) -> None:
+        """The client reset the stream: drop it, and count it when it was reset unanswered
+        right after it was opened (h2 may report the reset before its event, as sending
+        fails)."""
+        premature = not call.answered and self._resets.reset(self._now - call.opened_at)
+        self._drop(call)
+        if premature:
+            self._calm(b"too_many_resets", streams=self._resets.opened)
+
     def _calm(self, reason: bytes, **fields: int) -> None:
         """The client abuses the connection (grpc core's answer): GOAWAY ENHANCE_YOUR_CALM
         naming ``reason``, then the close, which ends every call on it."""
         log.warning(
             "ext_proc connection closed: ENHANCE_YOUR_CALM", reason=reason.decode(), **fields
         )
+        self._h2.data_to_send()  # what this read queued (its PING ACKs too) is not sent
         with contextlib.suppress(ProtocolError):
             self._h2.close_connection(
                 ErrorCodes.ENHANCE_YOUR_CALM, reason, self._h2.highest_inbound_stream_id
