@@ -456,7 +456,7 @@ class App:
             client_ca,
             reuse_port=self._worker is not None,
             budget=budget,
-            limits=server_settings.connections,
+            limits=server_settings.connections.resolved(server_settings.max_concurrent_streams),
         )
         self._ext_server = server
         return port

@@ -97,13 +97,6 @@ def _workers(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ConfigError(f"{value} must be >= 1")
-    return value
-
-
 def _grpc_connections(args: argparse.Namespace) -> GrpcConnectionSettings:
     if args.grpc_keepalive_time and args.grpc_keepalive_timeout <= 0:
         raise ConfigError("--grpc-keepalive-timeout must be above 0 with --grpc-keepalive-time")
@@ -289,11 +282,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     c = d.server.connections
     p.add_argument(
         "--grpc-max-streams-per-connection",
-        type=_typed(_positive, "count"),
+        type=COUNT,
         default=c.max_streams_per_connection,
         metavar="N",
-        help="streams one ext_proc connection may have open, announced to the client "
-        "(SETTINGS_MAX_CONCURRENT_STREAMS); Envoy opens another connection at the limit",
+        help="streams one ext_proc connection may have open, announced "
+        "(SETTINGS_MAX_CONCURRENT_STREAMS); one past it is refused (REFUSED_STREAM). Envoy does "
+        "not keep to it: stay above its concurrency. 0: twice --max-concurrent-streams, or "
+        "100000 when that is 0",
     )
     p.add_argument(
         "--grpc-keepalive-time",

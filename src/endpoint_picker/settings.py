@@ -6,7 +6,7 @@ Durations are seconds (float) everywhere inside; flags take Go-style units (``50
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -91,10 +91,12 @@ class GrpcConnectionSettings:
     meanings are grpc's (``grpc.keepalive_time_ms`` ...); the h2 stack implements them itself,
     grpcio gets them as channel options."""
 
-    # Streams one connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS). Envoy carries
-    # every ext_proc stream of a worker thread on one connection and opens another one at the
-    # limit; at --max-concurrent-streams' default, the process-wide 429 comes first.
-    max_streams_per_connection: int = 10_000
+    # Streams one connection may have open, announced (SETTINGS_MAX_CONCURRENT_STREAMS); one
+    # past it is refused alone (RST_STREAM REFUSED_STREAM). Envoy carries every ext_proc stream
+    # of a worker thread on one connection and does not keep to this limit (tests/e2e), so it
+    # must stay above Envoy's concurrency: 0 is twice --max-concurrent-streams (whose JSON 429
+    # then comes first), or 100,000 when that is 0.
+    max_streams_per_connection: int = 0
     # With nothing received for this long, the server sends a PING (grpc's keepalive_time;
     # grpc's default of 2 hours would keep a vanished Envoy's in-flight counts that long) ...
     keepalive_time: float = 30.0
@@ -110,6 +112,13 @@ class GrpcConnectionSettings:
     # it), is closed with GOAWAY ENHANCE_YOUR_CALM: rapid reset, CVE-2023-44487. Envoy's own
     # premature-reset rule and default; 0: no limit.
     premature_reset_streams: int = 500
+
+    def resolved(self, max_concurrent_streams: int) -> GrpcConnectionSettings:
+        """These settings with the stream limit's default (0) made a number."""
+        if self.max_streams_per_connection:
+            return self
+        limit = 2 * max_concurrent_streams if max_concurrent_streams else 100_000
+        return replace(self, max_streams_per_connection=limit)
 
 
 @dataclass(frozen=True, slots=True)

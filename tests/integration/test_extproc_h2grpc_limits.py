@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import h2.events
-import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2
 from h2.errors import ErrorCodes
@@ -113,19 +112,32 @@ async def test_a_call_waiting_in_flow_control_acknowledges_nothing_until_its_wai
         assert servicer.log == ["wait ended"]
 
 
-async def test_the_first_settings_announce_a_finite_stream_limit_that_holds() -> None:
+async def test_the_first_settings_announce_a_finite_stream_limit_and_past_it_one_is_refused() -> (
+    None
+):
     """SETTINGS_MAX_CONCURRENT_STREAMS is --grpc-max-streams-per-connection from the first
-    SETTINGS on (not h2's 100, not 2^31-1), and that many streams are served at once."""
+    SETTINGS on (not h2's 100, not 2^31-1); that many streams are served at once, and a client
+    opening more (as Envoy does) has those refused one by one (REFUSED_STREAM), its connection
+    and the other streams untouched."""
     limits = GrpcConnectionSettings(max_streams_per_connection=150)
     servicer = OneAnswer()
     async with raw_session(servicer, limits=limits) as (_server, client):
-        await client.settled()
-        assert client.h2.remote_settings.max_concurrent_streams == 150
-        for stream_id in range(1, 300, 2):
+        for stream_id in range(1, 306, 2):  # 153, sent before the SETTINGS are read
             client.open_stream(stream_id, PROCESS, b"", end=False)
-        await until(lambda: servicer.read == 150)
-        with pytest.raises(h2.exceptions.TooManyStreamsError):  # the client keeps to it
-            client.open_stream(301, PROCESS, b"", end=False)
+        await client.read_until(lambda: all(client.ended(s) for s in (301, 303, 305)))
+        assert client.h2.remote_settings.max_concurrent_streams == 150
+        refused = [
+            e.stream_id
+            for e in client.events
+            if isinstance(e, h2.events.StreamReset) and e.error_code == ErrorCodes.REFUSED_STREAM
+        ]
+        assert refused == [301, 303, 305]
+        assert servicer.read == 150
+        assert client.terminated() is None
+        client.h2.end_stream(1)
+        client.writer.write(client.h2.data_to_send())
+        await client.read_until(lambda: client.ended(1))
+        assert trailers(client, 1)[b"grpc-status"] == b"0"
 
 
 # -- item 9: a client that does not read ---------------------------------------------------------

@@ -242,18 +242,19 @@ class _Connection(asyncio.Protocol):
         self._transport = transport
         self._server.connections.add(self)
         h2 = self._h2
-        # Our limits from the first SETTINGS on, and enforced by h2 from then: with
-        # update_settings they would apply only once acknowledged, h2's own limit of 100
-        # streams until then.
-        h2.local_settings = Settings(
-            client=False,
-            initial_values={
-                SettingCodes.MAX_CONCURRENT_STREAMS: self._limits.max_streams_per_connection,
-                SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
-                SettingCodes.MAX_HEADER_LIST_SIZE: h2.DEFAULT_MAX_HEADER_LIST_SIZE,
-            },
-        )
+        # Our limits in the first SETTINGS (with update_settings, h2 would hold 100 streams
+        # until they are acknowledged). h2 ends the whole connection when a client passes the
+        # stream limit; _open refuses that one stream instead (RFC 9113, 5.1.2), so h2 is told
+        # of no limit once it has announced ours.
+        announced = {
+            SettingCodes.MAX_CONCURRENT_STREAMS: self._limits.max_streams_per_connection,
+            SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
+            SettingCodes.MAX_HEADER_LIST_SIZE: h2.DEFAULT_MAX_HEADER_LIST_SIZE,
+        }
+        h2.local_settings = Settings(client=False, initial_values=announced)
         h2.initiate_connection()
+        announced[SettingCodes.MAX_CONCURRENT_STREAMS] = _MAX_STREAM_ID
+        h2.local_settings = Settings(client=False, initial_values=announced)
         if self._server.stopping:
             # accepted before the listener closed, its TLS handshake done only now: its
             # SETTINGS, then a GOAWAY saying no stream of it was or will be served
@@ -332,7 +333,9 @@ class _Connection(asyncio.Protocol):
             self._settle(call)
         elif isinstance(event, RequestReceived):
             self._data_flowed = True
-            if self._last_stream_id is not None and event.stream_id > self._last_stream_id:
+            if (self._last_stream_id is not None and event.stream_id > self._last_stream_id) or len(
+                self._calls
+            ) >= self._limits.max_streams_per_connection:
                 with contextlib.suppress(ProtocolError):  # not served: the client may retry it
                     self._h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
                 return
@@ -905,7 +908,7 @@ class H2GrpcServer:
         self.health = health
         # the process's body budget: calls count their undecoded bytes toward it
         self.budget = budget or BodyBudget(0)
-        self.limits = limits or GrpcConnectionSettings()
+        self.limits = (limits or GrpcConnectionSettings()).resolved(0)
         self.connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self.cancelled: set[asyncio.Task[None]] = set()  # flow-control waits being cancelled
         self.stopping = False

@@ -147,7 +147,7 @@ def _server_options(
 ) -> list[tuple[str, int]]:
     """grpcio's channel options: the same connection limits and keepalive as the h2 stack's
     (``GrpcConnectionSettings``; grpc core has its own rapid-reset defences)."""
-    limits = limits or GrpcConnectionSettings()
+    limits = (limits or GrpcConnectionSettings()).resolved(0)
     options = [
         # A port already in use must fail loudly, not be shared with another process; only the
         # workers of one `epp serve --workers N` share theirs (their parent holds the port).
