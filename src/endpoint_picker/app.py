@@ -477,6 +477,8 @@ class App:
             tls,
             client_ca,
             reuse_port=self._worker is not None,
+            budget=budget,
+            limits=server_settings.connections.resolved(server_settings.max_concurrent_streams),
         )
         self._ext_server = server
         return port

@@ -22,6 +22,7 @@ from endpoint_picker.settings import (
     EXT_PROC_SERVERS,
     GROUP_V1,
     GROUP_V1ALPHA2,
+    GrpcConnectionSettings,
     KubernetesSettings,
     LoggingSettings,
     MetricsAuth,
@@ -92,6 +93,19 @@ def _workers(text: str) -> int:
     if not value:
         raise ConfigError(f"{text!r} is not a number >= 1 or auto")
     return value
+
+
+def _grpc_connections(args: argparse.Namespace) -> GrpcConnectionSettings:
+    if args.grpc_keepalive_time and args.grpc_keepalive_timeout <= 0:
+        raise ConfigError("--grpc-keepalive-timeout must be above 0 with --grpc-keepalive-time")
+    return GrpcConnectionSettings(
+        max_streams_per_connection=args.grpc_max_streams_per_connection,
+        keepalive_time=args.grpc_keepalive_time,
+        keepalive_timeout=args.grpc_keepalive_timeout,
+        max_connection_idle=args.grpc_max_connection_idle,
+        min_ping_interval=args.grpc_min_ping_interval,
+        premature_reset_streams=args.grpc_premature_reset_streams,
+    )
 
 
 DURATION = _typed(parse_duration, "duration")
@@ -261,6 +275,57 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=d.server.max_concurrent_streams,
         metavar="N",
         help="open ext_proc streams (one per request); past it 429 (0: no limit)",
+    )
+    # -- the ext_proc port's HTTP/2 connections (GrpcConnectionSettings), both stacks --
+    c = d.server.connections
+    p.add_argument(
+        "--grpc-max-streams-per-connection",
+        type=COUNT,
+        default=c.max_streams_per_connection,
+        metavar="N",
+        help="streams one ext_proc connection may have open, announced "
+        "(SETTINGS_MAX_CONCURRENT_STREAMS); one past it is refused (REFUSED_STREAM). Envoy does "
+        "not keep to it: stay above its concurrency. 0: twice --max-concurrent-streams, or "
+        "100000 when that is 0",
+    )
+    p.add_argument(
+        "--grpc-keepalive-time",
+        type=DURATION,
+        default=c.keepalive_time,
+        metavar="DURATION",
+        help="PING an ext_proc connection that sent nothing for this long (0: never)",
+    )
+    p.add_argument(
+        "--grpc-keepalive-timeout",
+        type=DURATION,
+        default=c.keepalive_timeout,
+        metavar="DURATION",
+        help="close a connection whose PING is not answered within this, ending its streams "
+        "(and their in-flight counts)",
+    )
+    p.add_argument(
+        "--grpc-max-connection-idle",
+        type=DURATION,
+        default=c.max_connection_idle,
+        metavar="DURATION",
+        help="close (GOAWAY) an ext_proc connection without streams for this long (0: never)",
+    )
+    p.add_argument(
+        "--grpc-min-ping-interval",
+        type=DURATION,
+        default=c.min_ping_interval,
+        metavar="DURATION",
+        help="client PINGs closer than this with no data between are strikes; past 2, GOAWAY "
+        "ENHANCE_YOUR_CALM (too_many_pings)",
+    )
+    p.add_argument(
+        "--grpc-premature-reset-streams",
+        type=COUNT,
+        default=c.premature_reset_streams,
+        metavar="N",
+        help="h2 stack: close (GOAWAY ENHANCE_YOUR_CALM) a connection whose client reset half "
+        "of N streams (or half of all, past N) within 1s of opening them, unanswered: rapid "
+        "reset (0: no limit)",
     )
     p.add_argument(
         "--max-request-headers",
@@ -470,6 +535,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             workers=args.workers,
             worker_max_requests=args.worker_max_requests,
             ext_proc_server=args.ext_proc_server,
+            connections=_grpc_connections(args),
         ),
         pool=PoolSettings(
             pool_file=args.pool_file,

@@ -6,7 +6,7 @@ Durations are seconds (float) everywhere inside; flags take Go-style units (``50
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -85,6 +85,43 @@ class MetricsEndpointSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class GrpcConnectionSettings:
+    """The ext_proc port's HTTP/2 connections, on either gRPC stack: what one client
+    connection may hold, and the keepalive that finds peers gone without a word. The names and
+    meanings are grpc's (``grpc.keepalive_time_ms`` ...); the h2 stack implements them itself,
+    grpcio gets them as channel options."""
+
+    # Streams one connection may have open, announced (SETTINGS_MAX_CONCURRENT_STREAMS); one
+    # past it is refused alone (RST_STREAM REFUSED_STREAM). Envoy carries every ext_proc stream
+    # of a worker thread on one connection and does not keep to this limit (tests/e2e), so it
+    # must stay above Envoy's concurrency: 0 is twice --max-concurrent-streams (whose JSON 429
+    # then comes first), or 100,000 when that is 0.
+    max_streams_per_connection: int = 0
+    # With nothing received for this long, the server sends a PING (grpc's keepalive_time;
+    # grpc's default of 2 hours would keep a vanished Envoy's in-flight counts that long) ...
+    keepalive_time: float = 30.0
+    # ... and closes the connection, ending its streams, when no answer comes within this.
+    keepalive_timeout: float = 20.0
+    # A connection with no stream for this long is closed with GOAWAY (0: never).
+    max_connection_idle: float = 300.0
+    # Client PINGs closer together than this, with no data either way between them, are strikes;
+    # past two strikes the connection gets GOAWAY ENHANCE_YOUR_CALM ("too_many_pings").
+    min_ping_interval: float = 5.0
+    # h2 stack: a connection whose client resets at least half of this many streams, before
+    # their answer and within a second of opening them (or half of all its streams, past
+    # it), is closed with GOAWAY ENHANCE_YOUR_CALM: rapid reset, CVE-2023-44487. Envoy's own
+    # premature-reset rule and default; 0: no limit.
+    premature_reset_streams: int = 500
+
+    def resolved(self, max_concurrent_streams: int) -> GrpcConnectionSettings:
+        """These settings with the stream limit's default (0) made a number."""
+        if self.max_streams_per_connection:
+            return self
+        limit = 2 * max_concurrent_streams if max_concurrent_streams else 100_000
+        return replace(self, max_streams_per_connection=limit)
+
+
+@dataclass(frozen=True, slots=True)
 class ServerSettings:
     """Listening sockets and shutdown."""
 
@@ -128,6 +165,8 @@ class ServerSettings:
     # no thread hop per message, the least CPU per request, measured in README "Performance")
     # or "grpcio" (gRPC's C core and its asyncio API). Health-only port: grpcio.
     ext_proc_server: str = "h2"
+    # HTTP/2 limits and keepalive of the ext_proc port's connections
+    connections: GrpcConnectionSettings = field(default_factory=GrpcConnectionSettings)
 
     @property
     def supervised(self) -> bool:

@@ -5,14 +5,13 @@ connection on stop."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import ssl
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 import h2.config
@@ -33,6 +32,16 @@ from tests.support.extproc import (
     make_settings,
     running_app,
 )
+from tests.support.h2client import (
+    OneAnswer,
+    RawClient,
+    WaitsInFlowControl,
+    grpc_messages,
+    raw_client,
+    raw_session,
+    serving,
+    trailers,
+)
 from tests.support.pki import make_pki
 from tests.support.pool import model, pod, pool, pool_yaml
 
@@ -45,7 +54,6 @@ from endpoint_picker.extproc.h2grpc import (
     H2GrpcServer,
 )
 from endpoint_picker.extproc.server import ExternalProcessor, HealthState
-from endpoint_picker.extproc.tls import server_ssl_context
 from endpoint_picker.settings import Settings
 
 POOL = pool_yaml(pool(), model("m"), pod("a", "127.0.0.2"))
@@ -111,44 +119,6 @@ async def test_stop_before_start_is_a_no_op() -> None:
     assert server.port == 0
 
 
-class OneAnswer:
-    """Streams that answer each message with an empty response, counting what they read and
-    how many were closed."""
-
-    def __init__(self, answer: pb.ProcessingResponse | None = None) -> None:
-        self.read = 0
-        self.finished = 0
-        self.answer = answer or pb.ProcessingResponse()
-
-    def new_stream(self) -> Any:
-        servicer = self
-
-        class Stream:
-            queued = False
-            finished = False
-            request_id = ""
-
-            def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-                servicer.read += 1
-                return [servicer.answer]
-
-            def close(self) -> None:
-                servicer.finished += 1
-
-        return Stream()
-
-
-async def serving(
-    servicer: NewStreams, tls: tuple[bytes, bytes] | None = None
-) -> tuple[H2GrpcServer, HealthState]:
-    health = HealthState()
-    await health.start()
-    context = server_ssl_context(tls, None) if tls is not None else None
-    server = H2GrpcServer(ExternalProcessor(servicer.new_stream), health, "127.0.0.1", 0, context)
-    await server.start()
-    return server, health
-
-
 async def test_a_message_past_grpcios_limit_is_refused_before_it_is_read() -> None:
     """A message announcing more than grpcio's limit is refused before it is buffered."""
     servicer = OneAnswer()
@@ -184,66 +154,6 @@ async def test_a_client_that_never_half_closes_still_gets_its_status(tmp_path: P
         assert loop.time() - started < CLIENT_REST_SECONDS + 1
         stop_started = loop.time()
     assert loop.time() - stop_started < 1.0  # nothing left for the drain to wait for
-
-
-class RawClient:
-    """An HTTP/2 client on a plain socket that keeps its connection, as Envoy does."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        self.h2.initiate_connection()
-        self.events: list[h2.events.Event] = []
-        self.closed = asyncio.Event()
-
-    def open_stream(self, stream_id: int, path: str, message: bytes, *, end: bool) -> None:
-        self.h2.send_headers(
-            stream_id,
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", path),
-                (":authority", "epp"),
-                ("content-type", "application/grpc"),
-                ("te", "trailers"),
-            ],
-        )
-        self.h2.send_data(stream_id, b"\0" + struct.pack(">I", len(message)) + message, end)
-        self.writer.write(self.h2.data_to_send())
-
-    async def read_until_closed(self) -> None:
-        while data := await self.reader.read(65536):
-            self.events.extend(self.h2.receive_data(data))
-            self.writer.write(self.h2.data_to_send())
-        self.closed.set()
-
-    async def read_until(self, done: Callable[[], bool], *, acknowledge: bool = True) -> None:
-        """Read (acknowledging what arrives, as a client with room does) until ``done()``."""
-        while not done():
-            data = await asyncio.wait_for(self.reader.read(65536), 3.0)
-            assert data, "the server closed the connection"
-            for event in self.h2.receive_data(data):
-                self.events.append(event)
-                if acknowledge and isinstance(event, h2.events.DataReceived):
-                    self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            self.writer.write(self.h2.data_to_send())
-
-    def data(self, stream_id: int) -> bytes:
-        return b"".join(
-            e.data
-            for e in self.events
-            if isinstance(e, h2.events.DataReceived) and e.stream_id == stream_id
-        )
-
-    def ended(self, stream_id: int) -> bool:
-        return any(
-            isinstance(e, h2.events.StreamEnded | h2.events.StreamReset)
-            and e.stream_id == stream_id
-            for e in self.events
-        )
-
-    def saw(self, kind: type[h2.events.Event]) -> bool:
-        return any(isinstance(event, kind) for event in self.events)
 
 
 async def within(seconds: float, work: Callable[[], Awaitable[None]]) -> float:
@@ -302,52 +212,6 @@ async def test_a_tls_connection_whose_handshake_ends_after_stop_is_refused(tmp_p
     assert not client.saw(h2.events.TrailersReceived)
     assert servicer.read == 0
     writer.close()
-
-
-def grpc_messages(data: bytes) -> list[bytes]:
-    out = []
-    while data:
-        size = struct.unpack(">I", data[1:5])[0]
-        out.append(data[5 : 5 + size])
-        data = data[5 + size :]
-    return out
-
-
-def trailers(client: RawClient, stream_id: int) -> dict[bytes, bytes]:
-    for event in client.events:
-        if isinstance(event, h2.events.TrailersReceived) and event.stream_id == stream_id:
-            return dict(event.headers)
-        if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream_id:
-            headers = dict(event.headers)
-            if b"grpc-status" in headers:  # trailers only
-                return headers
-    return {}
-
-
-async def raw_client(port: int, settings: dict[SettingCodes | int, int] | None = None) -> RawClient:
-    client = RawClient(*await asyncio.open_connection("127.0.0.1", port))
-    if settings:
-        client.h2.update_settings(settings)
-        client.writer.write(client.h2.data_to_send())
-    return client
-
-
-class NewStreams(Protocol):
-    def new_stream(self) -> Any: ...
-
-
-@contextlib.asynccontextmanager
-async def raw_session(
-    servicer: NewStreams, settings: dict[SettingCodes | int, int] | None = None
-) -> AsyncIterator[tuple[H2GrpcServer, RawClient]]:
-    """A server answering with ``servicer``'s streams and a raw client connected to it."""
-    server, _ = await serving(servicer)
-    try:
-        client = await raw_client(server.port, settings)
-        yield server, client
-        client.writer.close()
-    finally:
-        await server.stop(0)
 
 
 async def test_an_answer_larger_than_the_clients_window_waits_for_it_then_the_status() -> None:
@@ -486,42 +350,6 @@ async def test_a_client_breaking_the_protocol_loses_its_connection_and_nothing_e
         await other.read_until(lambda: other.ended(1))
         assert trailers(other, 1)[b"grpc-status"] == b"0"
         other.writer.close()
-
-
-class WaitsInFlowControl:
-    """Streams whose first message waits in flow control until the test releases it; each
-    logs when its wait ends and when it is closed."""
-
-    def __init__(self) -> None:
-        self.log: list[str] = []
-        self.release = asyncio.Event()
-
-    def new_stream(self) -> Any:
-        owner = self
-
-        class Stream:
-            finished = False
-            request_id = ""
-
-            def __init__(self) -> None:
-                self.queued = False
-
-            def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-                self.queued = True
-                return []
-
-            async def resume(self) -> list[pb.ProcessingResponse]:
-                self.queued = False
-                try:
-                    await owner.release.wait()
-                finally:
-                    owner.log.append("wait ended")
-                return [pb.ProcessingResponse()]
-
-            def close(self) -> None:
-                owner.log.append("closed")
-
-        return Stream()
 
 
 async def test_a_reset_while_waiting_closes_the_stream_only_after_the_wait_has_ended() -> None:

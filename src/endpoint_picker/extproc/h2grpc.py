@@ -10,20 +10,35 @@ message; a task exists only while a request waits in flow control. Measured thro
 this one, and half of what it needs on grpcio.
 
 What it serves, as the grpcio server does: ``Process`` and ``grpc.health.v1.Health/Check`` (from
-``HealthState``; any other method is UNIMPLEMENTED), TLS and mutual TLS through an
-``ssl.SSLContext`` with ALPN ``h2``, any number of streams per connection (``--max-concurrent-
-streams`` caps them with a JSON 429 instead), a message past ``wire.MAX_MESSAGE_BYTES`` refused
-with RESOURCE_EXHAUSTED before it is buffered, SO_REUSEPORT for ``--workers``, and the drain of
-``stop(grace)``: the listener closes, each connection gets a GOAWAY naming the largest stream id
-(RFC 9113, 6.8: the open streams go on, no new ones; written beside h2, whose state machine
-refuses every frame after a GOAWAY of its own), open calls get ``grace``, then a second GOAWAY
-names the last stream received and the streams the client opened meanwhile are refused with
-REFUSED_STREAM for ``_LAST_GOAWAY_SECONDS`` (a gRPC client retries those on another
-connection; closed at once, they were lost in a connection reset), then the connections close.
+``HealthState``; any other method is UNIMPLEMENTED, a method but POST is 405, a content-type but
+``application/grpc[+proto]`` 415), TLS and mutual TLS through an ``ssl.SSLContext`` with ALPN
+``h2``, ``--grpc-max-streams-per-connection`` streams per connection (announced; ``--max-
+concurrent-streams`` caps the process with a JSON 429), a message past ``wire.MAX_MESSAGE_BYTES``
+refused with RESOURCE_EXHAUSTED before it is buffered, ``grpc-timeout`` (DEADLINE_EXCEEDED),
+SO_REUSEPORT for ``--workers``, and the drain of ``stop(grace)``: the listener closes, each
+connection gets a GOAWAY naming the largest stream id (RFC 9113, 6.8: the open streams go on,
+no new ones; written beside h2, whose state machine refuses every frame after a GOAWAY of its
+own), open calls get ``grace``, then a second GOAWAY names the last stream received and the
+streams the client opened meanwhile are refused with REFUSED_STREAM for
+``_LAST_GOAWAY_SECONDS`` (a gRPC client retries those on another connection; closed at once,
+they were lost in a connection reset), then the connections close.
 
-Flow control: what arrives is acknowledged at once (a call's unread bytes are bounded by the
-message limit), and a window large enough for a long prompt is announced up front; what is
-sent waits for the client's window, per stream, in order, the trailers last.
+Flow control: a window large enough for a long prompt is announced up front; what arrives is
+acknowledged once it is consumed: decoded, or part of the message being assembled (which may
+grow to the message limit). Every byte a call holds undecoded counts toward ``--max-buffered-
+bytes`` (past it: the JSON 429 of a full buffer); a call waiting in flow control acknowledges
+nothing until its wait ends. What is sent waits for the client's window, per stream, in order,
+the trailers last, and for the socket: while the transport's buffer is above its high-water
+mark nothing more is written and the connection is not read (a client that does not read
+cannot make the EPP queue its answers).
+
+Abuse and dead peers, as grpc's core handles them (``h2policy``, flags in
+``GrpcConnectionSettings``): too many client PINGs with no data between them, or too many
+streams reset right after opening (rapid reset), end the connection with GOAWAY
+ENHANCE_YOUR_CALM; a connection that sent nothing for the keepalive time is PINGed and closed
+when the PING goes unanswered (its streams end: their in-flight counts and held bytes are
+released); one without streams for the idle time gets a GOAWAY, then a final one once the
+client has seen it.
 """
 
 from __future__ import annotations
@@ -47,6 +62,8 @@ from h2.events import (
     ConnectionTerminated,
     DataReceived,
     Event,
+    PingAckReceived,
+    PingReceived,
     RemoteSettingsChanged,
     RequestReceived,
     StreamEnded,
@@ -54,11 +71,21 @@ from h2.events import (
     WindowUpdated,
 )
 from h2.exceptions import ProtocolError
-from h2.settings import SettingCodes
+from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
+from endpoint_picker.errors import clip
 from endpoint_picker.extproc import wire
+from endpoint_picker.extproc.h2policy import (
+    ContentType,
+    PingPolicy,
+    ResetPolicy,
+    content_type_kind,
+    parse_grpc_timeout,
+)
+from endpoint_picker.extproc.limits import BodyBudget
 from endpoint_picker.extproc.stream import RequestStream
+from endpoint_picker.settings import GrpcConnectionSettings
 
 if TYPE_CHECKING:
     from endpoint_picker.extproc.server import ExternalProcessor, HealthState
@@ -84,11 +111,19 @@ _ABORT_SECONDS = 5.0
 _MAX_UNREAD_BYTES = wire.MAX_MESSAGE_BYTES + 5
 _MAX_STREAM_ID = 2**31 - 1
 # Announced receive windows: a 200 KB prompt arrives without waiting for a window update.
+# What fills them is counted toward --max-buffered-bytes until it is decoded.
 _STREAM_WINDOW = 4 * 1024 * 1024
 _CONNECTION_WINDOW = 64 * 1024 * 1024
+# An answer larger than this goes to the socket in parts, each after a look at its buffer: a
+# client that does not read stops it there (pause_writing), not after the whole answer.
+_WRITE_CHUNK = 256 * 1024
+# A method or content-type echoed in an error: no more than this (HPACK encodes it per call).
+_MAX_ECHOED = 128
+_KEEPALIVE_PING = b"epp-live"  # PING payloads (8 bytes): keepalive, and the idle close's
+_IDLE_PING = b"epp-idle"
 
 # gRPC status codes (grpc/doc/statuscodes.md)
-OK, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND = 0, 2, 3, 5
+OK, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND = 0, 2, 3, 4, 5
 RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 8, 12, 13
 
 _CONFIG = H2Configuration(
@@ -136,22 +171,32 @@ class _Call:
     __slots__ = (
         "answered",
         "buffer",
+        "deadline",
         "ended",
         "headers_sent",
+        "held",
         "is_health",
+        "opened_at",
         "outbox",
         "rest_timer",
         "session",
         "stream_id",
         "trailers",
+        "unacked",
         "waiting",
     )
 
-    def __init__(self, stream_id: int, is_health: bool, session: RequestStream | None) -> None:
+    def __init__(
+        self, stream_id: int, is_health: bool, session: RequestStream | None, opened_at: float
+    ) -> None:
         self.stream_id = stream_id
         self.is_health = is_health
         self.session = session  # Process only; None for health, or a stream refused at the limit
+        self.opened_at = opened_at
         self.buffer = bytearray()  # received bytes not yet decoded into messages
+        self.held = 0  # bytes of the shared body budget the buffer holds
+        self.unacked = 0  # flow-controlled bytes received and not yet acknowledged
+        self.deadline: asyncio.TimerHandle | None = None  # the client's grpc-timeout
         self.ended = False  # the client has ended its side
         self.answered = False  # our trailers are sent or queued: nothing more to answer
         self.headers_sent = False
@@ -167,13 +212,28 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: H2GrpcServer) -> None:
         self._server = server
         self._processor = server.processor
+        self._budget = server.budget
+        self._limits = server.limits
         self._h2 = H2Connection(config=_CONFIG)
         self._calls: dict[int, _Call] = {}
-        self._blocked: set[_Call] = set()  # calls with data waiting for a window
+        self._blocked: set[_Call] = set()  # calls with data waiting for a window (or the socket)
         self._transport: asyncio.Transport | None = None
         self._refused = False
+        self._closed = False
         self._last_stream_id: int | None = None  # set by the final GOAWAY: later ones refused
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._paused = False  # the socket's write buffer is above its high-water mark
+        self._loop = asyncio.get_running_loop()
+        self._now = self._last_read = self._active_at = self._loop.time()
+        self._pings = PingPolicy(self._limits.min_ping_interval)
+        self._resets = ResetPolicy(self._limits.premature_reset_streams)
+        # Headers or data sent either way since the last client PING. grpc core counts what it
+        # sends, window updates included; h2 sends few of those, and a grpc client's BDP PINGs
+        # follow the data it sends: counting only ours would call them strikes.
+        self._data_flowed = False
+        self._ping_sent: float | None = None  # the keepalive PING not yet answered
+        self._idle_goaway_at: float | None = None  # the idle close's first GOAWAY
+        self._timer: asyncio.TimerHandle | None = None
+        self.lost: asyncio.Future[None] = self._loop.create_future()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -182,7 +242,19 @@ class _Connection(asyncio.Protocol):
         self._transport = transport
         self._server.connections.add(self)
         h2 = self._h2
+        # Our limits in the first SETTINGS (with update_settings, h2 would hold 100 streams
+        # until they are acknowledged). h2 ends the whole connection when a client passes the
+        # stream limit; _open refuses that one stream instead (RFC 9113, 5.1.2), so h2 is told
+        # of no limit once it has announced ours.
+        announced = {
+            SettingCodes.MAX_CONCURRENT_STREAMS: self._limits.max_streams_per_connection,
+            SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
+            SettingCodes.MAX_HEADER_LIST_SIZE: h2.DEFAULT_MAX_HEADER_LIST_SIZE,
+        }
+        h2.local_settings = Settings(client=False, initial_values=announced)
         h2.initiate_connection()
+        announced[SettingCodes.MAX_CONCURRENT_STREAMS] = _MAX_STREAM_ID
+        h2.local_settings = Settings(client=False, initial_values=announced)
         if self._server.stopping:
             # accepted before the listener closed, its TLS handshake done only now: its
             # SETTINGS, then a GOAWAY saying no stream of it was or will be served
@@ -190,54 +262,80 @@ class _Connection(asyncio.Protocol):
             self.goaway(last_stream_id=0)
             transport.close()
             return
-        h2.update_settings(
-            {
-                SettingCodes.MAX_CONCURRENT_STREAMS: _MAX_STREAM_ID,
-                SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
-            }
-        )
         h2.increment_flow_control_window(_CONNECTION_WINDOW - 65_535)
         self._flush()
+        self._schedule()
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:  # what arrived with the handshake of a refused connection: dropped
+        if self._refused or self._closed:  # a refused connection's handshake, or one ending
             return
+        self._now = self._last_read = self._loop.time()
         try:
             events = self._h2.receive_data(data)
         except ProtocolError as exc:
-            log.info("ext_proc connection closed on a protocol error", error=str(exc))
+            log.info("ext_proc connection closed on a protocol error", error=clip(str(exc)))
             self._flush()  # h2's GOAWAY
             self.close()
             return
         for event in events:
             self._on_event(event)
+            if self._closed:
+                return
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
         for call in list(self._calls.values()):
             self._drop(call)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._server.connections.discard(self)
         if not self.lost.done():
             self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        """The socket's buffer is full (the client is not reading): write no more answers and
+        read no more requests until it drains."""
+        self._paused = True
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._transport.resume_reading()
+        self._unblock()
+        self._flush()
 
     # -- events ----------------------------------------------------------------------------------
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, DataReceived):
+            self._data_flowed = True
             call = self._calls.get(event.stream_id)
-            self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            if call is not None and not call.answered:
-                call.buffer += event.data
-                if call.waiting is None:
-                    self._feed(call)
-                elif len(call.buffer) > _MAX_UNREAD_BYTES:
-                    self._finish(
-                        call,
-                        RESOURCE_EXHAUSTED,
-                        f"more than {_MAX_UNREAD_BYTES} bytes sent before an answer",
-                    )
+            if call is None or call.answered:  # dropped unread: consumed
+                self._acknowledge(event.stream_id, event.flow_controlled_length)
+                return
+            call.buffer += event.data
+            call.unacked += event.flow_controlled_length
+            if not self._hold(call):
+                return
+            if call.waiting is None:
+                self._feed(call)
+            elif len(call.buffer) > _MAX_UNREAD_BYTES:
+                self._finish(
+                    call,
+                    RESOURCE_EXHAUSTED,
+                    f"more than {_MAX_UNREAD_BYTES} bytes sent before an answer",
+                )
+            self._settle(call)
         elif isinstance(event, RequestReceived):
-            if self._last_stream_id is not None and event.stream_id > self._last_stream_id:
+            self._data_flowed = True
+            if (self._last_stream_id is not None and event.stream_id > self._last_stream_id) or len(
+                self._calls
+            ) >= self._limits.max_streams_per_connection:
                 with contextlib.suppress(ProtocolError):  # not served: the client may retry it
                     self._h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
                 return
@@ -253,7 +351,7 @@ class _Connection(asyncio.Protocol):
         elif isinstance(event, StreamReset):
             call = self._calls.get(event.stream_id)
             if call is not None:
-                self._drop(call)
+                self._reset_by_client(call)
         elif isinstance(event, WindowUpdated):
             if event.stream_id:
                 call = self._calls.get(event.stream_id)
@@ -261,6 +359,16 @@ class _Connection(asyncio.Protocol):
                     self._send_outbox(call)
             else:
                 self._unblock()
+        elif isinstance(event, PingReceived):  # h2 has queued the ACK
+            if self._data_flowed:
+                self._data_flowed = False
+                self._pings.reset()
+            if self._pings.received(self._now):
+                self._calm(b"too_many_pings")
+        elif isinstance(event, PingAckReceived):
+            if event.ping_data == _IDLE_PING:
+                self._idle_acknowledged()
+            self._ping_sent = None
         elif isinstance(event, RemoteSettingsChanged):
             if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
                 self._unblock()
@@ -269,26 +377,48 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def _open(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], *, ended: bool) -> None:
-        path = content_type = b""
+        path = method = content_type = b""
+        timeout: bytes | None = None
         for name, value in headers:
             if name == b":path":
                 path = value
+            elif name == b":method":
+                method = value
             elif name == b"content-type":
                 content_type = value
-        if not content_type.startswith(b"application/grpc"):
-            # not gRPC at all: a plain HTTP answer, as gRPC servers give
+            elif name == b"grpc-timeout":
+                timeout = value
+        if method != b"POST":  # gRPC is POST only; a plain HTTP answer, as for the next two
+            self._refuse(stream_id, ((b":status", b"405"), (b"allow", b"POST")), ended)
+            return
+        kind = content_type_kind(content_type)
+        if kind is ContentType.NOT_GRPC:
             self._refuse(stream_id, ((b":status", b"415"),), ended)
             return
+        if kind is ContentType.OTHER_CODEC:
+            codec = _echo(content_type)
+            self._refuse_call(
+                stream_id, UNIMPLEMENTED, f"content-type {codec} is not served", ended
+            )
+            return
+        seconds = None
+        if timeout is not None:
+            try:
+                seconds = parse_grpc_timeout(timeout)
+            except ValueError as exc:  # grpc-go's answer to a malformed one
+                self._refuse_call(stream_id, INTERNAL, f"malformed grpc-timeout: {exc}", ended)
+                return
         if path == PROCESS_PATH:
-            call = _Call(stream_id, False, self._processor.open_stream())
+            call = _Call(stream_id, False, self._processor.open_stream(), self._now)
         elif path == HEALTH_CHECK_PATH:
-            call = _Call(stream_id, True, None)
+            call = _Call(stream_id, True, None, self._now)
         else:
-            method = path.decode("utf-8", "replace")
-            status = _status_headers(UNIMPLEMENTED, f"unknown method {method}")
-            self._refuse(stream_id, (*_RESPONSE_HEADERS, *status), ended)
+            self._refuse_call(stream_id, UNIMPLEMENTED, f"unknown method {_echo(path)}", ended)
             return
         self._calls[stream_id] = call
+        self._resets.opened += 1
+        if seconds is not None:
+            call.deadline = self._loop.call_later(seconds, self._deadline_over, call)
 
     def _refuse(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], ended: bool) -> None:
         """Answer a stream that is no call at once, in one HEADERS frame, and ask the client
@@ -297,6 +427,43 @@ class _Connection(asyncio.Protocol):
             self._h2.send_headers(stream_id, headers, end_stream=True)
             if not ended:
                 self._h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+
+    def _refuse_call(self, stream_id: int, code: int, message: str, ended: bool) -> None:
+        self._refuse(stream_id, (*_RESPONSE_HEADERS, *_status_headers(code, message)), ended)
+
+    def _hold(self, call: _Call) -> bool:
+        """Count what the call holds undecoded toward the shared body budget; when it does not
+        fit, answer the call as a full budget is answered and return False."""
+        extra = len(call.buffer) - call.held
+        if extra <= 0 or self._budget.try_reserve(extra):
+            call.held += max(extra, 0)
+            return True
+        self._let_go(call)
+        if call.is_health:
+            self._finish(call, RESOURCE_EXHAUSTED, "the endpoint picker is holding too much")
+        else:
+            self._answer(call, (self._processor.budget_refusal(),))
+            self._finish(call, OK)
+        self._settle(call)
+        return False
+
+    def _let_go(self, call: _Call) -> None:
+        """Forget what the call holds undecoded and give its bytes back to the budget."""
+        call.buffer.clear()
+        self._budget.release(call.held)
+        call.held = 0
+
+    def _settle(self, call: _Call) -> None:
+        """Acknowledge what the call consumed: everything received, unless it waits in flow
+        control (what came meanwhile is read when the wait ends)."""
+        if call.unacked and (call.waiting is None or call.answered):
+            self._acknowledge(call.stream_id, call.unacked)
+            call.unacked = 0
+
+    def _acknowledge(self, stream_id: int, size: int) -> None:
+        if size:
+            with contextlib.suppress(ProtocolError):  # the connection is closing
+                self._h2.acknowledge_received_data(size, stream_id)
 
     def _feed(self, call: _Call) -> None:
         """Answer every complete message received, in order, until the call waits in flow
@@ -326,8 +493,7 @@ class _Connection(asyncio.Protocol):
         else:
             self._finish(call, OK)
 
-    @staticmethod
-    def _next_message(call: _Call) -> bytes | None:
+    def _next_message(self, call: _Call) -> bytes | None:
         buffer = call.buffer
         if len(buffer) < 5:
             return None
@@ -343,6 +509,8 @@ class _Connection(asyncio.Protocol):
             return None
         message = bytes(buffer[5 : 5 + size])
         del buffer[: 5 + size]
+        call.held -= 5 + size
+        self._budget.release(5 + size)
         return message
 
     def _process(self, call: _Call, session: RequestStream, raw: bytes) -> None:
@@ -358,7 +526,7 @@ class _Connection(asyncio.Protocol):
             self._finish(call, UNKNOWN, "internal error in the endpoint picker")
             return
         if session.queued:  # flow control holds the request until the pool has room
-            call.waiting = asyncio.get_running_loop().create_task(self._wait(call, session))
+            call.waiting = self._loop.create_task(self._wait(call, session))
             return
         self._answer(call, out)
         if session.finished:
@@ -378,6 +546,7 @@ class _Connection(asyncio.Protocol):
         self._feed(call)  # what arrived meanwhile
         if call.ended and not call.answered:  # a dropped call is answered too
             self._end(call)
+        self._settle(call)
         self._flush()
 
     def _check(self, call: _Call, raw: bytes) -> None:
@@ -388,16 +557,27 @@ class _Connection(asyncio.Protocol):
             return
         status = self._server.health.status(request.service)
         if status is None:
-            self._finish(call, NOT_FOUND, f"unknown service {request.service!r}")
+            self._finish(call, NOT_FOUND, f"unknown service {_echo(request.service.encode())}")
             return
         self._answer(call, (health_pb2.HealthCheckResponse(status=status),))
         self._finish(call, OK)
+
+    def _deadline_over(self, call: _Call) -> None:
+        """The client's grpc-timeout has passed: end the call now, what was not sent dropped."""
+        call.deadline = None
+        if self._calls.get(call.stream_id) is not call or call.answered:
+            return
+        call.outbox.clear()
+        self._finish(call, DEADLINE_EXCEEDED, "deadline exceeded", rest=False)
+        self._settle(call)
+        self._flush()
 
     # -- sending ---------------------------------------------------------------------------------
 
     def _answer(self, call: _Call, messages: Sequence[pb.ProcessingResponse]) -> None:
         if not messages:
             return
+        self._data_flowed = True
         try:
             if not call.headers_sent:
                 self._h2.send_headers(call.stream_id, _RESPONSE_HEADERS)
@@ -407,34 +587,38 @@ class _Connection(asyncio.Protocol):
             call.outbox.append(memoryview(framed))
             self._send_outbox(call)
         except ProtocolError:  # the client reset the stream in the frames just read
-            self._drop(call)
+            self._reset_by_client(call)
 
-    def _finish(self, call: _Call, code: int, message: str = "") -> None:
+    def _finish(self, call: _Call, code: int, message: str = "", *, rest: bool = True) -> None:
         """End the session and answer the call with its status, once the client has ended its
         side (a gRPC client writing its request still would fail on an early status) or after
-        ``CLIENT_REST_SECONDS``; what the client still sends meanwhile is dropped."""
+        ``CLIENT_REST_SECONDS`` (at once without ``rest``); what the client still sends
+        meanwhile is dropped."""
         if call.answered:
             return
         call.answered = True
-        call.buffer.clear()
+        self._let_go(call)
         self._end_session(call)
         trailers = _status_headers(code, message)
         if not call.headers_sent:  # trailers only
             trailers = [*_RESPONSE_HEADERS, *trailers]
             call.headers_sent = True
         call.trailers = trailers
-        if call.ended:
+        if call.ended or not rest:
             self._send_outbox(call)
         else:
-            loop = asyncio.get_running_loop()
-            call.rest_timer = loop.call_later(CLIENT_REST_SECONDS, self._rest_over, call)
+            call.rest_timer = self._loop.call_later(CLIENT_REST_SECONDS, self._rest_over, call)
 
     def _send_outbox(self, call: _Call) -> None:
-        """Send what the client's windows allow, then the status once it is due; a call whose
-        status is sent is forgotten."""
+        """Send what the client's windows and the socket allow, then the status once it is
+        due; a call whose status is sent is forgotten."""
+        if self._paused:
+            self._blocked.add(call)
+            return
         h2 = self._h2
         stream_id = call.stream_id
         outbox = call.outbox
+        written = 0
         try:
             while outbox:
                 data = outbox[0]
@@ -448,6 +632,13 @@ class _Connection(asyncio.Protocol):
                 else:
                     h2.send_data(stream_id, data[:size])
                     outbox[0] = data[size:]
+                written += size
+                if written >= _WRITE_CHUNK:
+                    written = 0
+                    self._flush()  # may pause writing
+                    if self._paused:
+                        self._blocked.add(call)
+                        return
             self._blocked.discard(call)
             if call.trailers is None or not (call.ended or call.rest_timer is None):
                 return  # no status yet, or held for the client's end
@@ -456,12 +647,12 @@ class _Connection(asyncio.Protocol):
             if not call.ended:  # its rest is over: ask the client to stop sending
                 h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
         except ProtocolError:  # the client reset the stream in the frames just read
-            self._drop(call)
+            self._reset_by_client(call)
             return
         self._forget(call)
 
     def _unblock(self) -> None:
-        """A window opened for the whole connection: send what waited for one."""
+        """A window opened for the whole connection, or the socket drained: send what waited."""
         for call in list(self._blocked):
             self._send_outbox(call)
 
@@ -500,20 +691,142 @@ class _Connection(asyncio.Protocol):
             self._processor.close_stream(session)
 
     def _forget(self, call: _Call) -> None:
-        if self._calls.get(call.stream_id) is call:
-            del self._calls[call.stream_id]
+        calls = self._calls
+        if calls.get(call.stream_id) is call:
+            del calls[call.stream_id]
+            if not calls:
+                self._went_idle()
         self._blocked.discard(call)
         if call.rest_timer is not None:
             call.rest_timer.cancel()
             call.rest_timer = None
+        if call.deadline is not None:
+            call.deadline.cancel()
+            call.deadline = None
 
     def _drop(self, call: _Call) -> None:
         """The stream is gone (reset, or its connection): free what it holds, answer nothing."""
         call.answered = True
         call.outbox.clear()
         call.trailers = None
+        self._let_go(call)
+        self._acknowledge(call.stream_id, call.unacked)
+        call.unacked = 0
         self._end_session(call)
         self._forget(call)
+
+    def _reset_by_client(self, call: _Call) -> None:
+        """The client reset the stream: drop it, and count it when it was reset unanswered
+        right after it was opened (h2 may report the reset before its event, as sending
+        fails)."""
+        premature = not call.answered and self._resets.reset(self._now - call.opened_at)
+        self._drop(call)
+        if premature:
+            self._calm(b"too_many_resets", streams=self._resets.opened)
+
+    def _calm(self, reason: bytes, **fields: int) -> None:
+        """The client abuses the connection (grpc core's answer): GOAWAY ENHANCE_YOUR_CALM
+        naming ``reason``, then the close, which ends every call on it."""
+        log.warning(
+            "ext_proc connection closed: ENHANCE_YOUR_CALM", reason=reason.decode(), **fields
+        )
+        self._h2.data_to_send()  # what this read queued (its PING ACKs too) is not sent
+        with contextlib.suppress(ProtocolError):
+            self._h2.close_connection(
+                ErrorCodes.ENHANCE_YOUR_CALM, reason, self._h2.highest_inbound_stream_id
+            )
+        self._flush()
+        self.close()
+
+    # -- keepalive and idleness --------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        """Arm the one timer of the connection for its next keepalive or idleness check."""
+        limits = self._limits
+        dues = []
+        if self._ping_sent is not None:
+            dues.append(self._ping_sent + limits.keepalive_timeout)
+        elif limits.keepalive_time:
+            dues.append(self._last_read + limits.keepalive_time)
+        if self._idle_goaway_at is not None:
+            dues.append(self._idle_goaway_at + (limits.keepalive_timeout or 1.0))
+        elif limits.max_connection_idle and not self._calls:
+            dues.append(self._active_at + limits.max_connection_idle)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if dues:
+            self._timer = self._loop.call_at(min(dues), self._tick)
+
+    def _went_idle(self) -> None:
+        """The last call ended: the idle clock starts (the timer may now be due sooner)."""
+        if self._closed:
+            return
+        self._active_at = self._now = self._loop.time()
+        if self._limits.max_connection_idle and self._idle_goaway_at is None:
+            timer = self._timer
+            due = self._active_at + self._limits.max_connection_idle
+            if timer is None or timer.when() > due:
+                self._schedule()
+        elif self._idle_goaway_at is not None and self._last_stream_id is not None:
+            self.close()  # the idle close's final GOAWAY was sent, its last stream is done
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._closed or self._transport is None or self._transport.is_closing():
+            return
+        limits = self._limits
+        now = self._now = self._loop.time()
+        if self._ping_sent is not None and self._last_read > self._ping_sent:
+            self._ping_sent = None  # something arrived since: alive
+        if self._ping_sent is not None and now >= self._ping_sent + limits.keepalive_timeout:
+            log.info(
+                "ext_proc connection closed: its client answered no keepalive PING",
+                calls=len(self._calls),
+                seconds=round(now - self._last_read, 1),
+            )
+            self.close(abort=True)
+            return
+        if self._idle_goaway_at is not None:
+            if now >= self._idle_goaway_at + (limits.keepalive_timeout or 1.0):
+                self._idle_acknowledged()  # no PING answer: close anyway
+                if self._closed:
+                    return
+        elif (
+            limits.max_connection_idle
+            and not self._calls
+            and now >= self._active_at + limits.max_connection_idle
+        ):
+            self._close_idle()
+        if (
+            limits.keepalive_time
+            and self._ping_sent is None
+            and now >= self._last_read + limits.keepalive_time
+        ):
+            self._ping(_KEEPALIVE_PING)
+            self._ping_sent = now
+        self._schedule()
+
+    def _ping(self, data: bytes) -> None:
+        with contextlib.suppress(ProtocolError):
+            self._h2.ping(data)
+        self._flush()
+
+    def _close_idle(self) -> None:
+        """grpc's graceful close of an idle connection: a GOAWAY that still lets streams in
+        and a PING; once the PING is answered (the client has seen the GOAWAY), a final one
+        naming the last stream, and the close when no call is left."""
+        log.info("ext_proc connection idle: closing", idle_seconds=self._limits.max_connection_idle)
+        self._idle_goaway_at = self._now
+        self.goaway()
+        self._ping(_IDLE_PING)
+
+    def _idle_acknowledged(self) -> None:
+        if self._idle_goaway_at is None or self._last_stream_id is not None:
+            return
+        self.last_goaway()
+        if not self._calls:
+            self.close()
 
     # -- drain -----------------------------------------------------------------------------------
 
@@ -551,17 +864,29 @@ class _Connection(asyncio.Protocol):
         if transport is not None and transport.get_write_buffer_size():
             transport.abort()
 
-    def close(self) -> None:
-        """End every call now and close, aborting if the client does not read what is left
-        within ``_ABORT_SECONDS``."""
+    def close(self, *, abort: bool = False) -> None:
+        """End every call now and close, at once with ``abort`` (a peer that answers nothing),
+        else aborting if the client does not read what is left within ``_ABORT_SECONDS``."""
+        self._closed = True
         for call in list(self._calls.values()):
             self._drop(call)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         transport = self._transport
         if transport is None or transport.is_closing():
             return
+        if abort:
+            transport.abort()
+            return
         transport.close()
         if transport.get_write_buffer_size():
-            asyncio.get_running_loop().call_later(_ABORT_SECONDS, transport.abort)
+            self._loop.call_later(_ABORT_SECONDS, transport.abort)
+
+
+def _echo(value: bytes) -> str:
+    """A client's value as an error message quotes it: decoded, and cut."""
+    return clip(value.decode("utf-8", "replace"), _MAX_ECHOED)
 
 
 class H2GrpcServer:
@@ -576,9 +901,14 @@ class H2GrpcServer:
         ssl_context: ssl.SSLContext | None = None,
         *,
         reuse_port: bool = False,
+        budget: BodyBudget | None = None,
+        limits: GrpcConnectionSettings | None = None,
     ) -> None:
         self.processor = processor
         self.health = health
+        # the process's body budget: calls count their undecoded bytes toward it
+        self.budget = budget or BodyBudget(0)
+        self.limits = (limits or GrpcConnectionSettings()).resolved(0)
         self.connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self.cancelled: set[asyncio.Task[None]] = set()  # flow-control waits being cancelled
         self.stopping = False

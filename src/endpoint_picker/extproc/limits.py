@@ -8,6 +8,9 @@ One instance of each is built by the composition root and shared by every stream
 
 from __future__ import annotations
 
+# What a request is told when the body budget is full (a 429: it may be retried).
+BUDGET_FULL = "the endpoint picker is holding too many request bodies; retry later"
+
 
 class BodyBudget:
     """Bytes of request bodies held before routing, summed over every stream, against a limit.

@@ -14,10 +14,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from endpoint_picker.errors import ConfigError, ErrorCode
 from endpoint_picker.extproc import responses, wire
 from endpoint_picker.extproc.h2grpc import H2GrpcServer
-from endpoint_picker.extproc.limits import StreamSlots
+from endpoint_picker.extproc.h2policy import MAX_PING_STRIKES
+from endpoint_picker.extproc.limits import BUDGET_FULL, BodyBudget, StreamSlots
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.extproc.tls import server_ssl_context
-from endpoint_picker.settings import EXT_PROC_SERVER_ALIASES
+from endpoint_picker.settings import EXT_PROC_SERVER_ALIASES, GrpcConnectionSettings
 from endpoint_picker.telemetry.metrics import EppMetrics
 from endpoint_picker.types import format_hostport
 
@@ -56,6 +57,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     def close_stream(self, stream: RequestStream) -> None:
         self._slots.release()
         stream.close()
+
+    def budget_refusal(self) -> pb.ProcessingResponse:
+        """The answer to a call whose undecoded message does not fit ``--max-buffered-bytes``
+        (the h2 stack counts them): the JSON 429 of a full body budget, counted as it is."""
+        if self._metrics is not None:
+            self._metrics.buffer_budget_rejections.inc()
+            self._metrics.request_failed("", "", ErrorCode.RESOURCE_EXHAUSTED)
+        return responses.immediate_error(ErrorCode.RESOURCE_EXHAUSTED, BUDGET_FULL)
 
     @staticmethod
     def refusal() -> pb.ProcessingResponse:
@@ -129,16 +138,34 @@ class HealthState:
         return self._ready
 
 
-def _server_options(reuse_port: bool = False) -> list[tuple[str, int]]:
-    return [
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def _server_options(
+    reuse_port: bool = False, limits: GrpcConnectionSettings | None = None
+) -> list[tuple[str, int]]:
+    """grpcio's channel options: the same connection limits and keepalive as the h2 stack's
+    (``GrpcConnectionSettings``; grpc core has its own rapid-reset defences)."""
+    limits = (limits or GrpcConnectionSettings()).resolved(0)
+    options = [
         # A port already in use must fail loudly, not be shared with another process; only the
         # workers of one `epp serve --workers N` share theirs (their parent holds the port).
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
+        ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
+        # the least time between client PINGs without data (more: strikes, then GOAWAY)
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(limits.min_ping_interval)),
+        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+        ("grpc.keepalive_timeout_ms", _ms(limits.keepalive_timeout)),
     ]
+    if limits.keepalive_time:  # grpc's own default (2 hours) otherwise
+        options.append(("grpc.keepalive_time_ms", _ms(limits.keepalive_time)))
+    if limits.max_connection_idle:
+        options.append(("grpc.max_connection_idle_ms", _ms(limits.max_connection_idle)))
+    return options
 
 
 class ExtProcServer(Protocol):
@@ -157,6 +184,8 @@ async def start_ext_proc_server(
     client_ca: bytes | None = None,
     *,
     reuse_port: bool = False,
+    budget: BodyBudget | None = None,
+    limits: GrpcConnectionSettings | None = None,
 ) -> tuple[ExtProcServer, int]:
     """The ext_proc server (health served there too) on ``stack`` ("h2" or "grpcio"),
     listening; returns it with its bound port. ``ConfigError`` when the address cannot be bound.
@@ -164,6 +193,8 @@ async def start_ext_proc_server(
     ``tls`` is (key, certificate chain) in PEM; ``client_ca`` (PEM, needs ``tls``) turns on
     mutual TLS: only clients with a certificate signed by it can open a connection.
     ``reuse_port``: SO_REUSEPORT, for the workers of one parent (``epp serve --workers``).
+    ``budget``: the process's body budget, which the h2 stack's undecoded messages count
+    toward; ``limits``: both stacks' connection limits and keepalive.
     """
     address = format_hostport(host, port)
     if stack in EXT_PROC_SERVER_ALIASES:
@@ -175,13 +206,22 @@ async def start_ext_proc_server(
         stack = EXT_PROC_SERVER_ALIASES[stack]
     if stack == "h2":
         context = server_ssl_context(tls, client_ca) if tls is not None else None
-        h2 = H2GrpcServer(processor, health_state, host, port, context, reuse_port=reuse_port)
+        h2 = H2GrpcServer(
+            processor,
+            health_state,
+            host,
+            port,
+            context,
+            reuse_port=reuse_port,
+            budget=budget,
+            limits=limits,
+        )
         try:
             await h2.start()
         except OSError as exc:
             raise ConfigError(f"cannot listen on {address}: {exc.strerror}") from exc
         return h2, h2.port
-    server = grpc.aio.server(options=_server_options(reuse_port))
+    server = grpc.aio.server(options=_server_options(reuse_port, limits))
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     try:
