@@ -87,11 +87,11 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     host, sep, port_text = text.strip().rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    port = ascii_int(port_text, MAX_PORT)
-    if not sep or port is None or not _is_ip(host):
+    number = ascii_int(port_text, 10**19)  # any digits: a port out of range is said as such
+    if not sep or number is None or not _is_ip(host):
         raise EnvoyConfigError(f"endpoint must be ip:port: {text!r}")
-    _port(port, f"endpoint {text!r} port")
-    return host, port
+    _port(number, f"endpoint {text!r} port")
+    return host, number
 
 
 def _endpoints_block(endpoints: Sequence[str]) -> str:
