@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from endpoint_picker.types import MAX_PORT, ascii_int
+from endpoint_picker.types import ascii_int
 
 VARIANTS = ("reference", "fallback", "buffered")
 
