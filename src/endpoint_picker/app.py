@@ -26,6 +26,7 @@ import prometheus_client
 import structlog
 
 from endpoint_picker.datastore import Datastore
+from endpoint_picker.datastore.health import OutlierDetector
 from endpoint_picker.datastore.sources.file import PoolFileSource
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import ConfigError
@@ -125,6 +126,8 @@ class App:
         self.decisions = DecisionLog()  # the status page's recent decisions and refusals
         self._stopping = asyncio.Event()
         self.flow: FlowController[RoutingDecision] | None = None  # with the flowControl gate
+        # ejects endpoints on their responses; per process (each worker judges its own)
+        self.outliers: OutlierDetector | None = None
         self.ports = BoundPorts(0, 0, 0)
         self._draining = False
         self._source: PoolFileSource | None = None
@@ -309,6 +312,14 @@ class App:
                 clock=self._clock,
                 observer=self.metrics,
             )
+        if self.settings.outliers.enabled:
+            outliers = self.outliers = OutlierDetector(
+                self.settings.outliers, clock=self._clock, observer=self.metrics
+            )
+            self.metrics.track_ejections(outliers.ejected)
+            self.datastore.on_endpoints_changed(
+                lambda endpoints: outliers.endpoints_changed(e.hostport for e in endpoints)
+            )
         # plugins that remember endpoints (the prefix index) forget the ones that leave
         self.datastore.on_endpoints_changed(
             lambda endpoints: lifecycle.endpoints_changed(e.hostport for e in endpoints)
@@ -324,6 +335,7 @@ class App:
             request_headers=components.request_headers,
             session_tokens=components.session_tokens,
             flow=self.flow,
+            outliers=self.outliers,
         )
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
@@ -469,6 +481,7 @@ class App:
             staleness_threshold=self.settings.scrape.staleness_threshold,
             engine_label=self.settings.scrape.engine_label,
             flow=self.flow,
+            outliers=self.outliers,
             refresh_interval=self._refresh_interval,
             clock=self._clock,
         )
