@@ -26,7 +26,7 @@ import prometheus_client
 import structlog
 
 from endpoint_picker.datastore import Datastore
-from endpoint_picker.datastore.health import OutlierDetector
+from endpoint_picker.datastore.health import OutlierDetector, without_excluded
 from endpoint_picker.datastore.sources.file import PoolFileSource
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import ConfigError
@@ -303,15 +303,6 @@ class App:
         )
         lifecycle = components.lifecycle
         self.inflight = components.inflight  # the EPP's own in-flight count (tests, status)
-        flow_config = config.flow_control if config is not None else None
-        if flow_config is not None:
-            room, datastore = room_finder(components.saturation_detector), self.datastore
-            self.flow = FlowController[RoutingDecision](
-                flow_config,
-                lambda priority: not room(datastore.endpoint_states(), priority),
-                clock=self._clock,
-                observer=self.metrics,
-            )
         if self.settings.outliers.enabled:
             outliers = self.outliers = OutlierDetector(
                 self.settings.outliers, clock=self._clock, observer=self.metrics
@@ -319,6 +310,19 @@ class App:
             self.metrics.track_ejections(outliers.ejected)
             self.datastore.on_endpoints_changed(
                 lambda endpoints: outliers.endpoints_changed(e.hostport for e in endpoints)
+            )
+        flow_config = config.flow_control if config is not None else None
+        if flow_config is not None:
+            room, datastore = room_finder(components.saturation_detector), self.datastore
+            detector = self.outliers
+            self.flow = FlowController[RoutingDecision](
+                flow_config,
+                # an ejected pod's last metrics (idle, often) are no room: judge without it
+                lambda priority: (
+                    not room(without_excluded(datastore.endpoint_states(), detector), priority)
+                ),
+                clock=self._clock,
+                observer=self.metrics,
             )
         # plugins that remember endpoints (the prefix index) forget the ones that leave
         self.datastore.on_endpoints_changed(

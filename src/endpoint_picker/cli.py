@@ -386,7 +386,8 @@ def _add_outlier_flags(p: argparse.ArgumentParser) -> None:
         type=_typed(_percent, "percentage"),
         default=d.max_ejection_percent,
         metavar="PERCENT",
-        help="the most of the ready endpoints ejected at once (at least one, never the last)",
+        help="the most of the ready endpoints ejected at once; at least one whatever the "
+        "percentage (as Envoy), never the last ready one",
     )
 
 

@@ -34,7 +34,7 @@ import orjson
 import structlog
 
 from endpoint_picker.datastore import InferenceModel, InferenceObjective, InferencePool
-from endpoint_picker.datastore.health import FailureKind
+from endpoint_picker.datastore.health import FailureKind, without_excluded
 from endpoint_picker.errors import (
     BadRequestError,
     ModelNotFoundError,
@@ -455,7 +455,7 @@ class Director:
         if not states:
             raise ServiceUnavailableError("no ready endpoint in the pool")
         if subset is None:
-            return self._without_ejected(states)
+            return without_excluded(states, self._outliers)
         wanted_hostports: set[tuple[str, int]] = set()
         wanted_hosts: set[str] = set()
         for entry in subset:
@@ -478,15 +478,7 @@ class Director:
             raise ServiceUnavailableError(
                 "no eligible endpoint in the subset hint" if subset else "the subset hint is empty"
             )
-        return self._without_ejected(chosen)
-
-    def _without_ejected(self, states: tuple[EndpointState, ...]) -> tuple[EndpointState, ...]:
-        """``states`` without the endpoints outlier detection ejected; all of them when every
-        one is ejected (ejection never turns a request away by itself)."""
-        out = self._outliers.excluded() if self._outliers is not None else None
-        if not out:
-            return states
-        return tuple(s for s in states if s.hostport not in out) or states
+        return without_excluded(chosen, self._outliers)
 
     def _schedule(
         self, request: LLMRequest, subset: Sequence[str] | None, *, shed: bool = True

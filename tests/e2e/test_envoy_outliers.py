@@ -31,17 +31,39 @@ ADDRESSES = ("127.0.0.12", "127.0.0.13", "127.0.0.14", "127.0.0.15")
 BASE_EJECTION = 0.5  # seconds: short, so that the recovery fits in the test
 
 
-async def start_wedged(address: str, port: int) -> asyncio.Server:
+class Wedged:
     """A server that accepts each connection, reads a little, and closes it unanswered."""
 
-    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, TimeoutError):
-            await asyncio.wait_for(reader.read(4096), 5.0)
-        writer.close()
+    def __init__(self) -> None:
+        self._server: asyncio.Server | None = None
+        self._open: dict[asyncio.Task[None] | None, asyncio.StreamWriter] = {}
 
-    # SO_REUSEPORT: it binds beside the pod's server, which then stops, so that no connection
-    # is ever refused (a refused scrape would mark the pod unreachable before any request)
-    return await asyncio.start_server(drop, address, port, reuse_port=True)
+    async def start(self, address: str, port: int) -> None:
+        # SO_REUSEPORT: it binds beside the pod's server, which then stops, so that no
+        # connection is ever refused (a refused scrape would mark the pod unreachable first)
+        self._server = await asyncio.start_server(self._drop, address, port, reuse_port=True)
+
+    async def _drop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._open[task] = writer
+        try:
+            if self._server is not None:  # accepted just before ``stop``: close at once
+                with contextlib.suppress(ConnectionError, TimeoutError):
+                    await asyncio.wait_for(reader.read(4096), 5.0)
+        finally:
+            writer.close()
+            self._open.pop(task, None)
+
+    async def stop(self) -> None:
+        """Stop listening, and close the connections still open (their handlers end)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        await asyncio.sleep(0)  # handlers of connections accepted last start, and end
+        tasks = [t for t in self._open if t is not None]
+        for writer in self._open.values():
+            writer.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def serve(backend: Backend) -> None:
@@ -79,7 +101,7 @@ async def test_a_wedged_pod_is_ejected_and_comes_back_once_it_recovers(
         bad = Backend(ADDRESSES[0], healthy[0].port)
         servers = [bad, *healthy]
         await serve(bad)
-        wedge: asyncio.Server | None = None
+        wedge = Wedged()
         try:
             async with (
                 # metrics stale only after a minute: only the responses can take the pod out
@@ -100,7 +122,7 @@ async def test_a_wedged_pod_is_ejected_and_comes_back_once_it_recovers(
             ):
                 await wait_scraped(epp)
                 # the pod wedges: its last metrics (idle) stay fresh, its connections drop
-                wedge = await start_wedged(bad.address, bad.port)
+                await wedge.start(bad.address, bad.port)
                 await bad.stop()
                 started = time.monotonic()
                 replies = await load(session, envoy.url, total=200, clients=4)
@@ -119,8 +141,7 @@ async def test_a_wedged_pod_is_ejected_and_comes_back_once_it_recovers(
                 probes = int(took // BASE_EJECTION)
                 assert len(failed) <= 5 + 3 + probes, (len(failed), took)
                 # the pod recovers: once its ejection is over, a request probes it
-                wedge.close()
-                await wedge.wait_closed()
+                await wedge.stop()
                 await serve(bad)
                 await asyncio.sleep(BASE_EJECTION * status.ejections + 0.1)
                 replies = await load(session, envoy.url, total=40, clients=4)
@@ -128,6 +149,5 @@ async def test_a_wedged_pod_is_ejected_and_comes_back_once_it_recovers(
                 assert epp.outliers.excluded() == set(), epp.outliers.status(bad.hostport)
                 assert bad.received, epp.outliers.status(bad.hostport)  # the probe and more
         finally:
-            if wedge is not None:
-                wedge.close()
+            await wedge.stop()
             await bad.stop()

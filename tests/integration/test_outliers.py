@@ -5,6 +5,7 @@ counts against nobody; the metrics and the status page show it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 import aiohttp
 import grpc
 import orjson
+from tests.integration.test_flow_control import IDLE, flow_app, until
+from tests.integration.test_flow_control import request as flow_request
 from tests.support.extproc import (
     Client,
     body,
@@ -29,6 +32,7 @@ from endpoint_picker.app import App
 from endpoint_picker.settings import OutlierSettings, Settings
 
 RAW = json_body({"model": "m", "prompt": "hello"})
+STANDARD = json_body({"model": "std", "prompt": "hello"})  # test_flow_control's pool
 BAD, GOOD = "127.0.0.2:8000", "127.0.0.3:8000"
 POOL = pool_yaml(
     pool(), model("m"), *(pod(f"p{i}", f"127.0.0.{i}") for i in range(2, 6))
@@ -48,12 +52,16 @@ def settings_for(tmp_path: Path, *, fallbacks: int = 0, base: float = 0.3) -> Se
 
 
 async def request(
-    client: Client, subset: list[str], status: int = 200, served: str | None = None
+    client: Client,
+    subset: list[str],
+    status: int = 200,
+    served: str | None = None,
+    raw: bytes = RAW,
 ) -> str:
     """One request through the stream, answered with ``status``; the EPP's destination."""
     call = client.stub.Process()
     await call.write(headers(subset=subset))
-    await call.write(body(RAW))
+    await call.write(body(raw))
     first = await call.read()
     destination = lb_metadata(first)  # type: ignore[arg-type]
     await call.write(response_headers(status=status, served=served))
@@ -138,3 +146,26 @@ async def test_a_client_hanging_up_ejects_nobody(tmp_path: Path) -> None:
 async def endpoints(app: App) -> dict[str, Any]:
     """/api/status's endpoints by address."""
     return {e["address"]: e for e in orjson.loads(await page(app, "/api/status"))["endpoints"]}
+
+
+async def test_an_ejected_idle_pod_is_no_room_for_flow_control(tmp_path: Path) -> None:
+    """With flow control, a pod ejected while its last metrics say idle does not count as
+    room: a request waits in the queue instead of being sent to the busy pods."""
+    async with flow_app(tmp_path) as (app, client, servers):
+        _busy, idle = servers
+        idle.metrics_text = IDLE
+        await until(lambda: app.datastore.metrics_of(idle.hostport).waiting_queue_size == 0)
+        for _ in range(5):  # its five 503s eject it
+            destination = await request(client, [idle.hostport], status=503, raw=STANDARD)
+            assert destination == idle.hostport
+        assert app.outliers is not None
+        assert app.outliers.excluded() == {idle.hostport}
+        flow = app.flow
+        assert flow is not None
+        decided = len(app.decisions.recent())
+        waiting = asyncio.create_task(client.exchange(flow_request("std")))  # type: ignore[arg-type]
+        await until(lambda: flow.waiting == 1)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        assert len(app.decisions.recent()) == decided  # it waited: routed nowhere

@@ -45,10 +45,26 @@ from typing import Protocol
 import structlog
 
 from endpoint_picker.settings import OutlierSettings
+from endpoint_picker.types import EndpointState
 
 log = structlog.get_logger(__name__)
 
 _NOTHING: frozenset[str] = frozenset()
+
+
+class Excluder(Protocol):
+    def excluded(self) -> frozenset[str]: ...
+
+
+def without_excluded(
+    states: tuple[EndpointState, ...], outliers: Excluder | None
+) -> tuple[EndpointState, ...]:
+    """``states`` without the endpoints outlier detection leaves out now; all of them when it
+    would leave out every one (ejection never turns a request away by itself)."""
+    out = outliers.excluded() if outliers is not None else None
+    if not out:
+        return states
+    return tuple(s for s in states if s.hostport not in out) or states
 
 
 class OutlierState(StrEnum):

@@ -151,10 +151,8 @@ def test_ejection_time_grows_with_repeats_up_to_the_max(ejections: int, seconds:
 
 def test_healthy_time_forgives_past_ejections() -> None:
     """Back for two base ejection times, an endpoint's next ejection is its first again."""
-    detector, _, _ = run(
-        [("fail", "a*5"), ("wait", 30), ("fail", "a"), ("wait", 60), ("route", "a"), ("ok", "a"),
-         ("wait", 2 * 30), ("fail", "a*5")]  # fmt: skip
-    )
+    back = [("fail", "a*5"), ("wait", 30), ("fail", "a"), ("wait", 60), ("route", "a"), ("ok", "a")]
+    detector, _, _ = run([*back, ("wait", 2 * 30), ("fail", "a*5")])
     status = detector.status("a")
     assert status is not None
     assert (status.ejections, status.seconds_left) == (1, 30)
