@@ -32,8 +32,8 @@ Choices, each Envoy's unless said:
 
 Per process: with ``--workers`` each worker judges the responses it routed and ejects on its
 own (the parent routes nothing and sees no response; sharing would add a message per failure
-to a channel that carries the pool). A worker that sees 1/N of the traffic needs its own N
-failures, so a failing pod costs up to N x ``consecutive_failures`` requests, not more.
+to a channel that carries the pool). Each worker needs its own ``consecutive_failures``
+failures, so with N workers a failing pod costs up to N times as many before all eject it.
 
 Records exist only for endpoints of the pool (``failed`` is told which are ready) and are
 dropped when an endpoint leaves it, so the state is bounded by the pool's size.
