@@ -28,6 +28,7 @@ import prometheus_client
 import structlog
 
 from endpoint_picker.datastore import Datastore
+from endpoint_picker.datastore.health import OutlierDetector, without_excluded
 from endpoint_picker.datastore.sources.file import PoolFileSource
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import ConfigError
@@ -147,6 +148,8 @@ class App:
         self.decisions = DecisionLog()  # the status page's recent decisions and refusals
         self._stopping = asyncio.Event()
         self.flow: FlowController[RoutingDecision] | None = None  # with the flowControl gate
+        # ejects endpoints on their responses; per process (each worker judges its own)
+        self.outliers: OutlierDetector | None = None
         self.ports = BoundPorts(0, 0, 0)
         self._draining = False
         self._source: PoolFileSource | None = None
@@ -322,12 +325,24 @@ class App:
         )
         lifecycle = components.lifecycle
         self.inflight = components.inflight  # the EPP's own in-flight count (tests, status)
+        if self.settings.outliers.enabled:
+            outliers = self.outliers = OutlierDetector(
+                self.settings.outliers, clock=self._clock, observer=self.metrics
+            )
+            self.metrics.track_ejections(outliers.ejected)
+            self.datastore.on_endpoints_changed(
+                lambda endpoints: outliers.endpoints_changed(e.hostport for e in endpoints)
+            )
         flow_config = config.flow_control if config is not None else None
         if flow_config is not None:
             room, datastore = room_finder(components.saturation_detector), self.datastore
+            detector = self.outliers
             self.flow = FlowController[RoutingDecision](
                 flow_config,
-                lambda priority: not room(datastore.endpoint_states(), priority),
+                # an ejected pod's last metrics (idle, often) are no room: judge without it
+                lambda priority: (
+                    not room(without_excluded(datastore.endpoint_states(), detector), priority)
+                ),
                 clock=self._clock,
                 observer=self.metrics,
             )
@@ -346,6 +361,7 @@ class App:
             request_headers=components.request_headers,
             session_tokens=components.session_tokens,
             flow=self.flow,
+            outliers=self.outliers,
         )
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
@@ -493,6 +509,7 @@ class App:
             staleness_threshold=self.settings.scrape.staleness_threshold,
             engine_label=self.settings.scrape.engine_label,
             flow=self.flow,
+            outliers=self.outliers,
             refresh_interval=self._refresh_interval,
             clock=self._clock,
         )

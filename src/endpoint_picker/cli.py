@@ -27,6 +27,7 @@ from endpoint_picker.settings import (
     LoggingSettings,
     MetricsAuth,
     MetricsEndpointSettings,
+    OutlierSettings,
     PoolSettings,
     SchedulingSettings,
     ScrapeSettings,
@@ -406,8 +407,60 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="override one metric of any engine (fields: queue, running, kv_usage, lora_info, "
         "cache_info, ...; see docs/metrics.md); repeatable",
     )
+    _add_outlier_flags(p)
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--log-level", choices=log_levels(), default="info")
+
+
+def _percent(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 100:
+        raise ConfigError(f"{value} is not a percentage 0..100")
+    return value
+
+
+def _add_outlier_flags(p: argparse.ArgumentParser) -> None:
+    """Outlier detection (``OutlierSettings``), named after Envoy's fields."""
+    d = OutlierSettings()
+    p.add_argument(
+        "--outlier-consecutive-failures",
+        type=COUNT,
+        default=d.consecutive_failures,
+        metavar="N",
+        help="eject an endpoint after N failed requests in a row (a 5xx, Envoy's 503 for a "
+        "reset or refused connection, or an attempt Envoy retried past); 0: never",
+    )
+    p.add_argument(
+        "--outlier-base-ejection-time",
+        type=DURATION,
+        default=d.base_ejection_time,
+        metavar="DURATION",
+        help="an ejection lasts this times the ejections in a row; then one request probes it",
+    )
+    p.add_argument(
+        "--outlier-max-ejection-time",
+        type=DURATION,
+        default=d.max_ejection_time,
+        metavar="DURATION",
+        help="the longest ejection",
+    )
+    p.add_argument(
+        "--outlier-max-ejection-percent",
+        type=_typed(_percent, "percentage"),
+        default=d.max_ejection_percent,
+        metavar="PERCENT",
+        help="the most of the ready endpoints ejected at once; at least one whatever the "
+        "percentage (as Envoy), never the last ready one",
+    )
+
+
+def _outlier_settings(args: argparse.Namespace) -> OutlierSettings:
+    return OutlierSettings(
+        consecutive_failures=args.outlier_consecutive_failures,
+        base_ejection_time=args.outlier_base_ejection_time,
+        max_ejection_time=args.outlier_max_ejection_time,
+        max_ejection_percent=args.outlier_max_ejection_percent,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -561,6 +614,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             metric_overrides=_metric_overrides(args),
         ),
         logging=LoggingSettings(format=args.log_format, level=args.log_level),
+        outliers=_outlier_settings(args),
     )
 
 

@@ -6,8 +6,10 @@ buffered), parse (400), model lookup (404), traffic split (503 when every weight
 request's InferenceObjective (``x-gateway-inference-objective``: its priority replaces the
 model's criticality, and its latency objective, when it has one, the model's; an unknown name
 changes nothing),
-candidates after the subset hint and without endpoints known to be unreachable (503), load
-shedding of sheddable requests (429), scheduling (503 when nothing is left).
+candidates after the subset hint and without endpoints known to be unreachable (503) or
+ejected by outlier detection (kept when every candidate is), load shedding of sheddable requests
+(429), scheduling (503 when nothing is left). On the response side, ``responded`` tells the
+outlier detector what each endpoint the request went through did.
 
 With flow control on (the ``flowControl`` feature gate), admission replaces shedding: after the
 InferenceObjective, a request the pool has no room for waits in its priority band (429 when the
@@ -24,7 +26,7 @@ import itertools
 import json
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -32,6 +34,7 @@ import orjson
 import structlog
 
 from endpoint_picker.datastore import InferenceModel, InferenceObjective, InferencePool
+from endpoint_picker.datastore.health import FailureKind, without_excluded
 from endpoint_picker.errors import (
     BadRequestError,
     ModelNotFoundError,
@@ -117,6 +120,20 @@ class RequestScheduler(Protocol):
     ) -> SchedulingResult: ...
 
 
+class Outliers(Protocol):
+    """Passive health from responses (``datastore.health.OutlierDetector``)."""
+
+    def excluded(self) -> frozenset[str]: ...
+
+    def routed(self, hostport: str) -> bool: ...
+
+    def succeeded(self, hostport: str) -> None: ...
+
+    def failed(self, hostport: str, kind: FailureKind, ready: Collection[str]) -> bool: ...
+
+    def unanswered(self, hostport: str) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class QueuedRoute:
     """A request waiting in flow control; ``future`` resolves to its ``RoutingDecision``."""
@@ -132,6 +149,7 @@ class RoutingDecision:
     request: LLMRequest
     endpoints: tuple[str, ...]  # host:port, primary first
     body: bytes  # the bytes to forward: the original unless the model was rewritten
+    probe: bool = False  # the first request to an endpoint back from an ejection
 
     @property
     def destination(self) -> str:
@@ -197,9 +215,11 @@ class Director:
         session_tokens: bool = False,
         flow: FlowController[RoutingDecision] | None = None,
         ids: RequestIds | None = None,
+        outliers: Outliers | None = None,
     ) -> None:
         self._pool = pool
         self._ids = ids or RequestIds()
+        self._outliers = outliers
         self._flow = flow
         if flow is not None:
             request_headers = (*request_headers, FAIRNESS_HEADER, TIMEOUT_HEADER)
@@ -264,6 +284,36 @@ class Director:
     def upstream_unreachable(self, hostport: str, reason: str) -> None:
         """Envoy could not connect to an endpoint the EPP picked: stop picking it for now."""
         self._pool.mark_unreachable(hostport, reason)
+
+    def responded(
+        self, decision: RoutingDecision, served: str, status: int, connect_failure: bool
+    ) -> None:
+        """A routed request's response headers came back (the server's, or Envoy's own reply
+        for a reset or a refused connection) with ``status``, from ``served`` (Envoy's
+        ``x-gateway-destination-endpoint-served``; "" without it: the first endpoint).
+        Envoy's retries walk the EPP's list in order, so the endpoints named before the one
+        that served each failed an attempt (a reset or refused connection Envoy retried)."""
+        outliers = self._outliers
+        if outliers is None or not 100 <= status <= 599:
+            return
+        endpoints = decision.endpoints
+        index = endpoints.index(served) if served in endpoints else 0
+        ready: Collection[str] = ()
+        if index or status >= 500:
+            ready = {s.hostport for s in self._pool.endpoint_states()}
+        for failed in endpoints[:index]:
+            outliers.failed(failed, FailureKind.RETRIED, ready)
+        if status < 500:
+            outliers.succeeded(endpoints[index])
+        else:
+            kind = FailureKind.CONNECT if connect_failure else FailureKind.STATUS_5XX
+            outliers.failed(endpoints[index], kind, ready)
+
+    def unanswered(self, decision: RoutingDecision) -> None:
+        """A routed request's stream ended before its response headers (the client left):
+        no verdict on the endpoint, but a probe ends."""
+        if decision.probe and self._outliers is not None:
+            self._outliers.unanswered(decision.endpoints[0])
 
     @property
     def request_headers(self) -> frozenset[str]:
@@ -445,7 +495,7 @@ class Director:
         if not states:
             raise ServiceUnavailableError("no ready endpoint in the pool")
         if subset is None:
-            return states
+            return without_excluded(states, self._outliers)
         wanted_hostports: set[tuple[str, int]] = set()
         wanted_hosts: set[str] = set()
         for entry in subset:
@@ -468,7 +518,7 @@ class Director:
             raise ServiceUnavailableError(
                 "no eligible endpoint in the subset hint" if subset else "the subset hint is empty"
             )
-        return chosen
+        return without_excluded(chosen, self._outliers)
 
     def _schedule(
         self, request: LLMRequest, subset: Sequence[str] | None, *, shed: bool = True
@@ -491,11 +541,9 @@ class Director:
         body = request.raw_body
         if request.target_model != request.model:
             body = _rewrite_model(request.raw_body, request.target_model)
-        decision = RoutingDecision(
-            request=request,
-            endpoints=tuple(s.hostport for s in result.endpoints),
-            body=body,
-        )
+        endpoints = tuple(s.hostport for s in result.endpoints)
+        probe = self._outliers is not None and self._outliers.routed(endpoints[0])
+        decision = RoutingDecision(request=request, endpoints=endpoints, body=body, probe=probe)
         self._lifecycle.routed(request, decision.endpoints[0])
         return decision
 

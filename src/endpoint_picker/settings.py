@@ -246,6 +246,31 @@ class ScrapeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class OutlierSettings:
+    """Passive health of the endpoints from their responses, as Envoy's outlier detection.
+
+    An endpoint whose responses fail ``consecutive_failures`` times in a row (a 5xx, Envoy's
+    own 503 for a reset or a refused connection included, or a failed attempt Envoy retried
+    past) is ejected: left out of the candidates for ``base_ejection_time`` times the number
+    of times it was ejected in a row, at most ``max_ejection_time``. Then one request is let
+    through to it as a probe: a success brings it back, a failure ejects it again for longer.
+    At most ``max_ejection_percent`` of the ready endpoints are ejected at once (at least
+    one, as Envoy; never the last ready one). ``consecutive_failures`` 0 turns it off.
+    """
+
+    consecutive_failures: int = 5  # Envoy's consecutive_5xx
+    base_ejection_time: float = 30.0  # Envoy's base_ejection_time
+    max_ejection_time: float = 300.0  # Envoy's max_ejection_time
+    # Envoy's default is 10 (with at least one host): a pool of 2-16 model servers would
+    # then eject one at a time; half keeps the other half serving while two of four fail.
+    max_ejection_percent: int = 50
+
+    @property
+    def enabled(self) -> bool:
+        return self.consecutive_failures > 0
+
+
+@dataclass(frozen=True, slots=True)
 class LoggingSettings:
     format: str = "text"  # text | json
     level: str = "info"  # debug | info | warning | error
@@ -258,3 +283,4 @@ class Settings:
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    outliers: OutlierSettings = field(default_factory=OutlierSettings)

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from endpoint_picker.app import App
 from endpoint_picker.envoy_config import render
+from endpoint_picker.settings import OutlierSettings
 from tests.support.extproc import make_settings
 from tests.support.model_servers import free_port, vllm_metrics
 from tests.support.pool import model, pod, pool, pool_yaml
@@ -166,9 +167,10 @@ async def running_epp(
     staleness_threshold: float | None = None,
     refresh_interval: float | None = None,
     port: int = 0,
+    outliers: OutlierSettings | None = None,
 ) -> AsyncIterator[App]:
     """The EPP in process (TLS with a self-signed certificate, like the shipped configs);
-    ``port``: its ext_proc port (0: any free one)."""
+    ``port``: its ext_proc port (0: any free one); ``outliers``: outlier detection's settings."""
     settings = make_settings(tmp_path, pool_text, scraping=True)
     settings = replace(
         settings,
@@ -183,6 +185,8 @@ async def running_epp(
         settings = replace(
             settings, scrape=replace(settings.scrape, refresh_interval=refresh_interval)
         )
+    if outliers is not None:
+        settings = replace(settings, outliers=outliers)
     app = App(settings)
     await app.start()
     try:

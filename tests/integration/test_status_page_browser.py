@@ -12,7 +12,7 @@ from urllib.parse import quote
 import grpc
 from playwright.async_api import Page
 from tests.support.browser import chromium_page
-from tests.support.extproc import body, headers, json_body
+from tests.support.extproc import body, headers, json_body, response_body, response_headers
 from tests.support.metrics_auth import DATA_PATHS, READERS, kubernetes_epp
 from tests.support.status import PROMPT_MARKER, StatusStack, status_stack
 
@@ -140,6 +140,29 @@ async def test_page_follows_endpoints_that_come_and_go_without_reloading(tmp_pat
             )
             assert await page.text_content("#sum-stale") == "1"
             await page.screenshot(path=tmp_path / "status-page-changed.png", full_page=True)
+
+
+async def test_page_shows_an_ejected_endpoint_and_until_when(tmp_path: Path) -> None:
+    """An endpoint whose five responses were 503s shows as ejected on its row (until when,
+    its failures in a row and the last kind) and counts among the unhealthy endpoints."""
+    async with status_stack(tmp_path, serving=2) as stack:
+        first, second, _ = stack.servers
+        await stack.wait_scraped(2)
+        request = {"model": "base", "prompt": "hello"}
+        answer = [response_headers(status=503), response_body(b"{}")]
+        for _ in range(5):  # Envoy's 503s for a pod that resets: the subset hint picks it
+            await stack.client.exchange(
+                [headers(subset=[second.hostport]), body(json_body(request)), *answer]
+            )
+        async with chromium_page(tmp_path / "chromium") as page:
+            await open_page(page, stack)
+            selector = f'#endpoints tr[data-address="{second.hostport}"]'
+            assert await page.get_attribute(selector, "class") == "ejected"
+            state = await page.text_content(f"{selector} td.state") or ""
+            assert state.startswith("ejected until "), state
+            assert "5 failures in a row, last 5xx; ejection 1" in state, state
+            assert await page.text_content(f'tr[data-address="{first.hostport}"] td.state') == "ok"
+            assert await page.text_content("#sum-stale") == "1"
 
 
 # -- with a token required (--metrics-endpoint-auth, --metrics-token-file) ----------------------

@@ -6,7 +6,7 @@ import pytest
 
 from endpoint_picker.cli import build_parser, settings_from_args
 from endpoint_picker.errors import ConfigError
-from endpoint_picker.settings import MetricsAuth, parse_bool, parse_duration
+from endpoint_picker.settings import MetricsAuth, OutlierSettings, parse_bool, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -102,3 +102,26 @@ def test_contradictory_metrics_flags_are_refused(argv: list[str], message: str) 
     TLS without TLS: a configuration error, never a port more open than asked."""
     with pytest.raises(ConfigError, match=message):
         settings_from_args(build_parser().parse_args(argv))
+
+
+def test_outlier_flags_reach_the_settings_with_envoys_defaults() -> None:
+    """The outlier-detection flags fill OutlierSettings; without them, Envoy's defaults (but
+    half the pool, not a tenth); a percentage past 100 is a usage error."""
+    base = ["serve", "--pool-file", "pool.yaml"]
+    assert settings_from_args(build_parser().parse_args(base)).outliers == OutlierSettings(
+        consecutive_failures=5,
+        base_ejection_time=30.0,
+        max_ejection_time=300.0,
+        max_ejection_percent=50,
+    )
+    flags = [
+        "--outlier-consecutive-failures=0",
+        "--outlier-base-ejection-time=2s",
+        "--outlier-max-ejection-time=1m",
+        "--outlier-max-ejection-percent=10",
+    ]
+    outliers = settings_from_args(build_parser().parse_args([*base, *flags])).outliers
+    assert outliers == OutlierSettings(0, 2.0, 60.0, 10)
+    assert not outliers.enabled
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--outlier-max-ejection-percent=101"])

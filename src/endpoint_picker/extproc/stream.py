@@ -140,6 +140,7 @@ class RequestStream:
         self._received_at = 0.0
         self._usage: UsageReader | None = None
         self._served = ""
+        self._responded = False  # response headers came back: the outlier detector judged
         self._closed_metrics = False
         self._started = False  # the response's first body bytes went by
         self._queued: tuple[QueuedRoute, bytes, bool] | None = None
@@ -393,6 +394,9 @@ class RequestStream:
             # Envoy could not connect where the EPP sent it: a dead pod, known before a scrape.
             failed = self._served or self._decision.endpoints[0]
             self._director.upstream_unreachable(failed, "envoy: upstream connect failure")
+        if self._decision is not None and not self._responded:
+            self._responded = True  # judge each endpoint it went through, once
+            self._director.responded(self._decision, self._served, status, upstream_failure)
         self._usage = UsageReader(content_type)
         if status >= 400 and self._decision is not None and self._metrics is not None:
             request = self._decision.request
@@ -459,6 +463,8 @@ class RequestStream:
         if self._queued is not None:  # never resumed: leave the queue
             self._queued[0].future.cancel()
             self._queued = None
+        if self._decision is not None and not self._responded:
+            self._director.unanswered(self._decision)  # no verdict; a probe ends
         if self._decision is not None and not self._closed_metrics:
             self._closed_metrics = True
             self._director.finished(

@@ -17,6 +17,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from endpoint_picker.datastore import InferenceModel, PoolState
+from endpoint_picker.datastore.health import OutlierStatus
 from endpoint_picker.errors import shown
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
@@ -62,6 +63,12 @@ class QueueSizes(Protocol):
     def waiting_in(self, priority: int) -> int: ...
 
 
+class Outliers(Protocol):
+    """Outlier detection's view of an endpoint (``OutlierDetector``)."""
+
+    def status(self, hostport: str) -> OutlierStatus | None: ...
+
+
 class Health(Protocol):
     """Readiness (the gRPC health service's truth) and why a ready EPP is degraded, if it is."""
 
@@ -82,6 +89,7 @@ class StatusView:
     staleness_threshold: float
     engine_label: str
     flow: QueueSizes | None = None
+    outliers: Outliers | None = None  # None: off, or a workers' parent (each worker judges)
     # the seconds between two scrapes of an endpoint now (the CPU budget may stretch them)
     refresh_interval: Callable[[], float] | None = None
     clock: Callable[[], float] = time.monotonic
@@ -151,6 +159,23 @@ class StatusView:
             "stale": age is None or age > self.staleness_threshold,
             "unreachable": shown(unreachable) if unreachable is not None else None,
             "inFlight": self.inflight.count(endpoint.hostport),
+            "outlier": self._outlier(endpoint.hostport),
+        }
+
+    def _outlier(self, hostport: str) -> dict[str, Any] | None:
+        """The endpoint's ejection: state, until when, its failures; None with none on record."""
+        status = self.outliers.status(hostport) if self.outliers is not None else None
+        if status is None:
+            return None
+        left = status.seconds_left
+        return {
+            "state": status.state.value,
+            "consecutiveFailures": status.consecutive_failures,
+            "ejections": status.ejections,
+            "secondsLeft": round(left, 1) if left is not None else None,
+            "ejectedUntil": round(self.wall_clock() + left, 3) if left is not None else None,
+            "lastFailure": status.last_failure,
+            "probeInFlight": status.probe_in_flight,
         }
 
     def _flow_control(self, state: PoolState | None) -> dict[str, Any] | None:

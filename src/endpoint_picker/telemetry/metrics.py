@@ -7,7 +7,8 @@ Existing dashboards query these names, label sets and buckets. Each app owns one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +175,24 @@ class _PoolCollector(Collector):
             if stats is not None:
                 family.add_metric([stats.name], value(stats))
             yield family
+
+
+class _EjectedCollector(Collector):
+    """``inference_extension_endpoint_ejected``: 1 per endpoint ejected now, read at scrape
+    time from the outlier detector (summed over workers: how many of them eject it)."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Iterable[str]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "inference_extension_endpoint_ejected",
+            "1 while outlier detection keeps the endpoint out of the candidates.",
+            labels=["endpoint"],
+        )
+        for hostport in self.read() if self.read is not None else ():
+            family.add_metric([hostport], 1.0)
+        yield family
 
 
 class _CallbackCounter(Collector):
@@ -419,6 +438,25 @@ class EppMetrics:
             registry=r,
         )
         self.event_loop_tasks.set_function(_event_loop_tasks)
+        # Outlier detection (datastore/health.py): labelled by the pool's endpoints, whose
+        # series are removed when they leave the pool.
+        self.endpoint_failures = Counter(
+            "inference_extension_endpoint_failures",
+            "Routed requests that failed on an endpoint, by kind: 5xx (a 5xx response, Envoy's "
+            "503 for a reset included), connect (Envoy could not connect) or retried (Envoy "
+            "retried past it to a fallback endpoint).",
+            ["endpoint", "kind"],
+            registry=r,
+        )
+        self.endpoint_ejections = Counter(
+            "inference_extension_endpoint_ejections",
+            "Times outlier detection ejected the endpoint.",
+            ["endpoint"],
+            registry=r,
+        )
+        self._failure_labels: set[tuple[str, str]] = set()
+        self._ejected = _EjectedCollector()
+        r.register(self._ejected)
 
     # -- the scheduler's observer protocol ----------------------------------------------------
 
@@ -528,6 +566,26 @@ class EppMetrics:
         """The pool source's observer: one settled change and its outcome."""
         self.pool_reload_total.labels(result).inc()
         self.pool_source_healthy.set(1 if result == "applied" else 0)
+
+    def endpoint_failed(self, hostport: str, kind: str) -> None:
+        self.endpoint_failures.labels(hostport, kind).inc()
+        self._failure_labels.add((hostport, kind))
+
+    def endpoint_ejected(self, hostport: str) -> None:
+        self.endpoint_ejections.labels(hostport).inc()
+
+    def endpoints_forgotten(self, hostports: Iterable[str]) -> None:
+        """Endpoints that left the pool: drop their series."""
+        gone = set(hostports)
+        for labels in [x for x in self._failure_labels if x[0] in gone]:
+            self._failure_labels.discard(labels)
+            self.endpoint_failures.remove(*labels)
+        for hostport in gone:
+            with contextlib.suppress(KeyError):  # never ejected
+                self.endpoint_ejections.remove(hostport)
+
+    def track_ejections(self, ejected: Callable[[], Iterable[str]]) -> None:
+        self._ejected.read = ejected
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,7 +10,9 @@ from endpoint_picker.datastore import (
     InferencePool,
     Pod,
 )
+from endpoint_picker.datastore.health import FailureKind, OutlierDetector
 from endpoint_picker.datastore.objects import API_V1ALPHA2, TargetModel
+from endpoint_picker.settings import OutlierSettings
 from endpoint_picker.status.decisions import DecisionLog
 from endpoint_picker.status.view import StatusView
 from endpoint_picker.types import Criticality, MetricsSnapshot
@@ -156,6 +158,7 @@ def test_endpoints_show_metrics_age_staleness_unreachability_and_in_flight_count
         "stale": False,
         "unreachable": None,
         "inFlight": 2,
+        "outlier": None,
     }
     assert (second["engine"], second["stale"], second["metricsAgeSeconds"]) == ("sglang", True, 5)
     assert second["unreachable"] == "connection refused"
@@ -163,6 +166,32 @@ def test_endpoints_show_metrics_age_staleness_unreachability_and_in_flight_count
     assert status["inFlight"] == 2
     clock.now += 2.0  # a's metrics now 2.25 s old: past the threshold
     assert view(store, clock).snapshot()["endpoints"][0]["stale"] is True
+
+
+def test_endpoints_show_their_ejection_state_until_when_and_failures() -> None:
+    """An ejected endpoint shows its state, time left, end (wall clock) and failures; a failing
+    one its count; a healthy one null."""
+    clock = Clock()
+    store = Datastore()
+    store.apply(cluster(pod("a", "10.0.0.1"), pod("b", "10.0.0.2"), pod("c", "10.0.0.3")))
+    ready = [e.hostport for e in store.endpoints]
+    outliers = OutlierDetector(OutlierSettings(), clock=clock)
+    for _ in range(5):
+        outliers.failed("10.0.0.2:8000", FailureKind.STATUS_5XX, ready)
+    outliers.failed("10.0.0.3:8000", FailureKind.RETRIED, ready)
+    clock.now += 10
+    first, second, third = view(store, clock, outliers=outliers).snapshot()["endpoints"]
+    assert first["outlier"] is None
+    assert second["outlier"] == {
+        "state": "ejected",
+        "consecutiveFailures": 5,
+        "ejections": 1,
+        "secondsLeft": 20.0,
+        "ejectedUntil": 1_700_000_020.0,
+        "lastFailure": "5xx",
+        "probeInFlight": False,
+    }
+    assert (third["outlier"]["state"], third["outlier"]["consecutiveFailures"]) == ("ok", 1)
 
 
 def test_flow_control_queues_by_priority_including_the_pools_objectives() -> None:

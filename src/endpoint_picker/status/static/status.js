@@ -64,7 +64,7 @@
   function renderSummary(s) {
     const eps = s.endpoints;
     const sum = (key) => eps.reduce((total, e) => total + e[key], 0);
-    const bad = eps.filter((e) => e.stale || e.unreachable).length;
+    const bad = eps.filter((e) => e.stale || e.unreachable || (e.outlier && e.outlier.state === "ejected")).length;
     setText($("sum-endpoints"), integer(eps.length));
     setText($("sum-stale"), integer(bad));
     $("sum-stale").classList.toggle("warn", bad > 0);
@@ -115,8 +115,18 @@
 
   function endpointState(e) {
     if (e.unreachable) return ["unreachable", `unreachable: ${e.unreachable}`];
+    const o = e.outlier;
+    if (o && o.state === "ejected") {
+      return ["ejected", `ejected until ${clock(o.ejectedUntil)} (${age(o.secondsLeft)} left): ` +
+        `${o.consecutiveFailures} failures in a row, last ${o.lastFailure}; ejection ${o.ejections}`];
+    }
+    if (o && o.state === "probing") {
+      return ["probing", `probing${o.probeInFlight ? ": a request is testing it" : ""} ` +
+        `after ejection ${o.ejections}`];
+    }
     if (e.metricsAgeSeconds === null) return ["stale", "stale: never scraped"];
     if (e.stale) return ["stale", "stale"];
+    if (o && o.consecutiveFailures) return ["ok", `ok (${o.consecutiveFailures} failures in a row)`];
     return ["ok", "ok"];
   }
 
