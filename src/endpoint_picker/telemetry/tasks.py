@@ -1,4 +1,4 @@
-"""The guard around every background task the EPP owns (DESIGN.md, principle 5)."""
+"""The guard around every background task the EPP owns (docs/architecture.md, principle 5)."""
 
 from __future__ import annotations
 
