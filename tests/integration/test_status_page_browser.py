@@ -177,7 +177,7 @@ def token_file_auth(tmp_path: Path) -> MetricsEndpointSettings:
 
 
 async def test_page_takes_the_token_from_the_address_as_the_readme_says(tmp_path: Path) -> None:
-    """Opened as http://localhost:9090/#token=TOKEN (README, "Status page"), the page sends the
+    """Opened as http://localhost:9090/#token=TOKEN (docs/status-page.md), the page sends the
     token as a bearer token with its fetches and updates as usual; the token leaves the address
     bar at once (the fragment never reaches the server), and a reload of the tab keeps working
     (sessionStorage)."""
