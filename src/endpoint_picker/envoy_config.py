@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from endpoint_picker.errors import ConfigError
 from endpoint_picker.types import ascii_int
 
 VARIANTS = ("reference", "fallback", "buffered")
@@ -49,7 +50,7 @@ _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
 
-class EnvoyConfigError(ValueError):
+class EnvoyConfigError(ConfigError, ValueError):
     """An input cannot be rendered into a valid configuration (one line, for the CLI)."""
 
 

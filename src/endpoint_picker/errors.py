@@ -5,6 +5,10 @@ gRPC statuses or exit codes, nothing below it does::
 
     EppError
     ├── ConfigError                 bad flags, pool file or scheduler config (exit 2)
+    │   └── EnvoyConfigError        (envoy_config) what `epp envoy-config` cannot render (exit 2;
+    │                               still a ValueError too, for callers of ``render``)
+    ├── ChannelClosed               (workers/) a worker channel's other end is gone or unreadable
+    ├── BenchError                  (bench/) an `epp bench` run cannot go on (exit 2)
     ├── MetricsParseError           (metrics/) a /metrics page lacks what the engine needs
     ├── ScrapeError                 (metrics/) one scrape failed: timeout, status, size
     ├── AccessReviewError           the metrics port cannot check a token now (503)

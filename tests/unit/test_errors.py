@@ -24,3 +24,21 @@ def test_shown_escapes_controls_bidi_and_backslashes_only() -> None:
     assert shown("a\u202eb\u2066c\u200bd\x00e\\f\U000e0001") == (
         "a\\u202eb\\u2066c\\u200bd\\u0000e\\\\f\\U000e0001"
     )
+
+
+def test_every_error_the_package_raises_on_purpose_is_in_the_tree() -> None:
+    """The errors outside errors.py (Envoy config rendering, the worker channel, `epp bench`)
+    are EppErrors, so one ``except EppError`` catches everything raised on purpose; the Envoy
+    config error stays a ValueError and is a ConfigError (bad input to a command: exit 2)."""
+    from endpoint_picker.bench.model import BenchError
+    from endpoint_picker.envoy_config import EnvoyConfigError
+    from endpoint_picker.errors import ConfigError, EppError
+    from endpoint_picker.workers.messages import ChannelClosed
+
+    for error in (EnvoyConfigError("bad port"), ChannelClosed("eof", eof=True), BenchError("no")):
+        assert isinstance(error, EppError), type(error).__name__
+    assert isinstance(EnvoyConfigError("x"), ConfigError)
+    assert isinstance(EnvoyConfigError("x"), ValueError)
+    assert str(EnvoyConfigError("listen port must be 1..65535")) == "listen port must be 1..65535"
+    closed = ChannelClosed("worker gone", eof=True)
+    assert (str(closed), closed.eof) == ("worker gone", True)

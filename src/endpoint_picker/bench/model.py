@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from endpoint_picker.errors import EppError
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
@@ -138,7 +140,7 @@ class TargetResult:
     router: RouterTiming | None = None  # Envoy-fronted targets only
 
 
-class BenchError(Exception):
+class BenchError(EppError):
     """A bench run cannot go on (missing extra or binary, a bad flag, a stack that won't start).
 
     The command prints its message on one line and exits 2.

@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from endpoint_picker.datastore import PoolState
+from endpoint_picker.errors import EppError
 from endpoint_picker.settings import Settings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
 
@@ -41,7 +42,7 @@ MAX_FRAME = 4 * 1024 * 1024  # bytes of one frame: a pool of thousands of endpoi
 MAX_MESSAGE = 256 * 1024 * 1024  # bytes of one message, all its frames together
 
 
-class ChannelClosed(Exception):
+class ChannelClosed(EppError):
     """The other end of a worker channel is gone (EOF) or sent what cannot be read; ``eof``:
     it closed at a message boundary, as a worker that exits does."""
 
