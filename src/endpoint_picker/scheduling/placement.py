@@ -68,6 +68,12 @@ class Placement:
                 best, best_weight = i, weight
         return best
 
+    def place(self, key: int, walk: Sequence[str] | None, hostports: Sequence[str]) -> int | None:
+        """Where a key no endpoint holds goes among the candidates ``hostports``: a sampled
+        pool places on the ring (``walk``, the key's ring walk, taken among the candidates so
+        that replicas agree), a pool scored whole by rendezvous over the candidates."""
+        return self.pick(key, hostports) if walk is None else first_present(walk, hostports)
+
 
 class PlacementRing:
     """A consistent-hash ring over a pool's endpoints, for pools too large to weigh every

@@ -76,3 +76,16 @@ def test_two_session_scorers_start_a_new_session_on_the_same_endpoint() -> None:
         picks.add(a.index(1.0))
     assert len(picks) > 1  # different sessions spread
     assert first.score(with_headers({}), pool) == [0.0] * 5  # no session: no preference
+
+
+def test_place_is_rendezvous_over_the_candidates_or_the_first_of_a_ring_walk_among_them() -> None:
+    """``Placement.place``, the one rule the prefix and session scorers share: without a ring
+    walk, the key's rendezvous pick over the candidates; with one, the first endpoint of the walk
+    that is a candidate, and none when no endpoint of the walk is."""
+    placement = Placement()
+    candidates = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+    key = stable_hash("a system prompt")
+    assert placement.place(key, None, candidates) == placement.pick(key, candidates)
+    walk = ["10.0.0.9:8000", "10.0.0.3:8000", "10.0.0.1:8000"]
+    assert placement.place(key, walk, candidates) == 2
+    assert placement.place(key, ["10.0.0.9:8000"], candidates) is None

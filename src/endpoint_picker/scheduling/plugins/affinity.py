@@ -22,7 +22,6 @@ from endpoint_picker.scheduling.placement import (
     RING_CHOICES,
     Placement,
     RingWalk,
-    first_present,
 )
 from endpoint_picker.scheduling.prefix import (
     CHARS_PER_TOKEN,
@@ -295,13 +294,7 @@ class PrefixCacheScorer:
         if self._observer is not None:
             self._observer.prefix_hit_ratio_observed(best)
         if best == 0.0 and self._placement is not None:
-            # A sampled pool places on the ring (walked among the candidates: replicas agree);
-            # a pool scored whole, by rendezvous over the candidates.
-            place = (
-                self._placement.pick(hashes[0], hostports)
-                if placed is None
-                else first_present(placed, hostports)
-            )
+            place = self._placement.place(hashes[0], placed, hostports)
             if place is not None:
                 scores[place] = 1.0
         return scores

@@ -29,7 +29,6 @@ from endpoint_picker.scheduling.placement import (
     RING_CHOICES,
     Placement,
     RingWalk,
-    first_present,
     stable_hash,
 )
 from endpoint_picker.scheduling.registry import Params, PluginContext
@@ -117,13 +116,7 @@ class SessionAffinityScorer:
         session = request.headers.get(self._header)
         if session and self._placement is not None and endpoints:
             hostports = [e.hostport for e in endpoints]
-            # A sampled pool places on the ring (walked among the candidates: replicas agree);
-            # a pool scored whole, by rendezvous over the candidates.
-            place = (
-                self._placement.pick(stable_hash(session), hostports)
-                if placed is None
-                else first_present(placed, hostports)
-            )
+            place = self._placement.place(stable_hash(session), placed, hostports)
             if place is not None:
                 scores[place] = 1.0
         return scores
