@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 from endpoint_picker.errors import ConfigError
-from endpoint_picker.flags.server import CONNECTIONS, LIMITS, PORTS, PROCESSES, README
-from endpoint_picker.flags.spec import Flag, Groups, build_settings, markdown
+from endpoint_picker.flags.server import CONNECTIONS, LIMITS, PORTS, PROCESSES
+from endpoint_picker.flags.spec import README, Flag, Groups, build_settings, markdown
 from endpoint_picker.flags.values import BOOL, COUNT, DURATION, ENGINE_METRIC, PERCENT
 from endpoint_picker.settings import GROUP_V1, GROUP_V1ALPHA2, Settings
 from endpoint_picker.telemetry.logs import log_levels

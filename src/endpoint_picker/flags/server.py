@@ -7,11 +7,9 @@ import argparse
 from pathlib import Path
 
 from endpoint_picker.errors import ConfigError
-from endpoint_picker.flags.spec import Flag
+from endpoint_picker.flags.spec import README, Flag
 from endpoint_picker.flags.values import BOOL, COUNT, DURATION, INFERENCE_PATH, PORT, WORKERS
 from endpoint_picker.settings import EXT_PROC_SERVER_ALIASES, EXT_PROC_SERVERS, MetricsAuth
-
-README = "../README.md"  # the sections the meanings link to
 
 
 def _metrics_auth(args: argparse.Namespace) -> MetricsAuth:

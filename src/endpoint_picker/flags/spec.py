@@ -21,6 +21,9 @@ from endpoint_picker.settings import Settings
 Kind = Literal["value", "switch", "optional", "repeat"]
 
 
+README = "../README.md"  # docs/flags.md's links to the README's sections
+
+
 class _FromField:
     def __repr__(self) -> str:
         return "FROM_FIELD"
