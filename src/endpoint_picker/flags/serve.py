@@ -164,7 +164,7 @@ OUTLIERS = (
         "refused connection, or an attempt Envoy retried past); 0: never",
         doc="eject an endpoint after N failed requests in a row: a 5xx (Envoy's own 503 for a "
         "reset or refused connection included) or an attempt Envoy retried past it; 0 turns "
-        f"outlier detection off (see [Outlier ejection]({README}#epp-serve))",
+        "outlier detection off (see [Outlier ejection](serving.md#outlier-ejection))",
         read=COUNT, metavar="N",
     ),
     Flag(
