@@ -8,6 +8,7 @@ Modules, in the order a run uses them:
 - ``client``: the open-loop streaming client that sends a workload and times every request.
 - ``fleetwatch``: scrapes the fleet during a run (per-server load, prefix-cache hits, queues,
   the simulator's clock keeping).
+- ``progress``: the client's progress: a bar on a terminal, a line every 30 s elsewhere.
 - ``stats``: percentiles, per-target summaries and the validity check.
 - ``report``: ``results.json``, the markdown table and the PNG plots.
 - ``run``: the orchestration behind ``epp bench run``; ``cli``: the command line.

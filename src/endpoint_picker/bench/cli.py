@@ -82,7 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--burstiness", type=float, default=1.0, help="bursty: Gamma shape")
     run.add_argument("--report", type=Path, help="report folder (default bench-results/...)")
     run.add_argument("--request-timeout", type=float, default=300.0, help="seconds")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (a bar on a terminal, a line every 30 s elsewhere)",
+    )
     fleet = run.add_argument_group("the simulated fleet (--stack), passed to `epp sim`")
     fleet.add_argument("--servers", type=int, default=4)
     fleet.add_argument("--profile", help="engine profile (default: the simulator's)")
