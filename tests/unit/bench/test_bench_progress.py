@@ -6,10 +6,10 @@ import io
 from collections.abc import AsyncIterator
 
 import pytest
+from tests.unit.bench.test_bench_client import SseServer, completion
 
 from endpoint_picker.bench.client import run_requests
 from endpoint_picker.bench.progress import LineProgress, report_progress
-from tests.unit.bench.test_bench_client import SseServer, completion
 
 
 class Terminal(io.StringIO):
