@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import time
 from pathlib import Path
 
 import orjson
 
 from endpoint_picker.bench.lone import body, headers, pool_text, response_body, response_headers
+from endpoint_picker.bench.stats import percentile
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
 from endpoint_picker.director import Director
@@ -97,9 +97,7 @@ def main() -> None:
             stream.handle(message)
         stream.close()
         samples.append(time.perf_counter() - start)
-    samples.sort()
-    median = statistics.median(samples) * 1e6
-    p99 = samples[int(len(samples) * 0.99)] * 1e6
+    median, p99 = (percentile(samples, 50) or 0.0) * 1e6, (percentile(samples, 99) or 0.0) * 1e6
     print(
         f"endpoints={args.endpoints} requests={args.requests} body={len(prompt)} bytes: "
         f"median {median:.1f} us, p99 {p99:.1f} us per request (state machine + director)"
