@@ -68,7 +68,7 @@ def usage(pid: int) -> dict[str, float]:
     rss_kib, fds = float(fields["VmRSS"].split()[0]), 0
     ticks = sum(int(v) for v in stat[11:15])  # utime, stime, cutime, cstime
     for each in (pid, *children(pid)):
-        with contextlib.suppress(OSError):  # a worker that has just exited
+        with contextlib.suppress(OSError, BenchError):  # a worker that has just exited
             fds += len(os.listdir(f"/proc/{each}/fd"))
             if each != pid:
                 rss_kib += rss_mib(each) * 1024
