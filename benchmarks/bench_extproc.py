@@ -22,131 +22,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
-from endpoint_picker import envoy_config  # noqa: E402
-from endpoint_picker.settings import EXT_PROC_SERVERS  # noqa: E402
-
-BIN = Path(sys.executable).parent
-METRICS_PAGE = REPO / "tests" / "unit" / "metrics" / "fixtures" / "vllm_v1_metrics.txt"
-COMPLETION = (
-    '{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,'
-    '"text":" hello there","finish_reason":"length"}],'
-    '"usage":{"prompt_tokens":12,"completion_tokens":2,"total_tokens":14}}'
+from endpoint_picker import envoy_config
+from endpoint_picker.bench.fleetenvoy import (
+    BIN,
+    PROMPT,
+    backend_fleet,
+    default_envoy,
+    free_port,
+    pool_file,
+    process,
+    wait_ready,
 )
-PROMPT = '{"model": "m", "prompt": "' + "Tell me about routing. " * 20 + '", "max_tokens": 2}'
+from endpoint_picker.bench.procstat import cpu_seconds
+from endpoint_picker.settings import EXT_PROC_SERVERS
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def filtered_metrics_page() -> str:
-    """The fixture as vLLM answers ``/metrics?name[]=...`` for the EPP's default names."""
-    from endpoint_picker.metrics.engines import BUILTIN_ENGINES
-    from endpoint_picker_sim.metrics import restrict
-
-    return restrict(METRICS_PAGE.read_text(), BUILTIN_ENGINES["vllm"].metric_names())
-
-
-def backend_config(endpoints: list[str], admin_port: int) -> str:
-    filtered = filtered_metrics_page()
-    route_config = {
-        "name": "backend",
-        "max_direct_response_body_size_bytes": 1 << 20,
-        "virtual_hosts": [
-            {
-                "name": "all",
-                "domains": ["*"],
-                "routes": [
-                    *(  # what the EPP asks for by default: vLLM (prometheus_client) filters
-                        {
-                            "match": {
-                                "path": "/metrics",
-                                "query_parameters": [{"name": key, "present_match": True}],
-                            },
-                            "direct_response": {"status": 200, "body": {"inline_string": filtered}},
-                        }
-                        for key in ("name%5B%5D", "name[]")  # as sent, or decoded
-                    ),
-                    {
-                        "match": {"path": "/metrics"},
-                        "direct_response": {
-                            "status": 200,
-                            "body": {"inline_string": METRICS_PAGE.read_text()},
-                        },
-                    },
-                    {
-                        "match": {"prefix": "/"},
-                        "direct_response": {"status": 200, "body": {"inline_string": COMPLETION}},
-                        "response_headers_to_add": [
-                            {"header": {"key": "content-type", "value": "application/json"}}
-                        ],
-                    },
-                ],
-            }
-        ],
-    }
-    listeners = []
-    for i, endpoint in enumerate(endpoints):
-        host, port = endpoint.rsplit(":", 1)
-        listeners.append(
-            {
-                "name": f"backend_{i}",
-                "address": {"socket_address": {"address": host, "port_value": int(port)}},
-                "filter_chains": [
-                    {
-                        "filters": [
-                            {
-                                "name": "envoy.filters.network.http_connection_manager",
-                                "typed_config": {
-                                    "@type": "type.googleapis.com/envoy.extensions.filters."
-                                    "network.http_connection_manager.v3.HttpConnectionManager",
-                                    "stat_prefix": f"backend_{i}",
-                                    "route_config": route_config,
-                                    "http_filters": [
-                                        {
-                                            "name": "envoy.filters.http.router",
-                                            "typed_config": {
-                                                "@type": "type.googleapis.com/envoy.extensions."
-                                                "filters.http.router.v3.Router"
-                                            },
-                                        }
-                                    ],
-                                },
-                            }
-                        ]
-                    }
-                ],
-            }
-        )
-    return yaml.safe_dump(
-        {
-            "admin": {
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
-            },
-            "static_resources": {"listeners": listeners},
-        }
-    )
+REPO = Path(__file__).resolve().parents[1]
+METRICS_PAGE = REPO / "tests" / "unit" / "metrics" / "fixtures" / "vllm_v1_metrics.txt"  # data
 
 
 def direct_config(endpoints: list[str], listen_port: int, admin_port: int) -> str:
@@ -195,82 +98,6 @@ def direct_config(endpoints: list[str], listen_port: int, admin_port: int) -> st
     return yaml.safe_dump(config)
 
 
-def pool_file(endpoints: list[str], path: Path) -> None:
-    port = int(endpoints[0].rsplit(":", 1)[1])
-    docs: list[dict[str, object]] = [
-        {
-            "apiVersion": "inference.networking.k8s.io/v1",
-            "kind": "InferencePool",
-            "metadata": {"name": "bench", "namespace": "default"},
-            "spec": {
-                "selector": {"matchLabels": {"app": "bench"}},
-                "targetPorts": [{"number": port}],
-            },
-        }
-    ]
-    for i, endpoint in enumerate(endpoints):
-        docs.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"pod-{i}",
-                    "namespace": "default",
-                    "labels": {"app": "bench"},
-                },
-                "status": {
-                    "podIP": endpoint.rsplit(":", 1)[0],
-                    "conditions": [{"type": "Ready", "status": "True"}],
-                },
-            }
-        )
-    path.write_text(yaml.safe_dump_all(docs))
-
-
-@contextlib.contextmanager
-def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def backend_fleet(
-    envoy: str, endpoints: list[str], tmp: Path, within: float = 30.0
-) -> Iterator[None]:
-    """The model-server endpoints, answered by one Envoy (``backend_config``), up and ready."""
-    admin = free_port()
-    (tmp / "backend.yaml").write_text(backend_config(endpoints, admin))
-    with process(
-        [envoy, "-c", str(tmp / "backend.yaml"), "--concurrency", "1",
-         "--log-level", "error", "--base-id", str(admin)],
-        tmp / "backend.log",
-    ):  # fmt: skip
-        wait_ready(admin, within)
-        yield
-
-
-def wait_ready(admin_port: int, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as r,
-        ):
-            if r.status == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"Envoy on admin port {admin_port} not ready")
-
-
 def wait_routing(url: str, within: float = 30.0) -> None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -281,27 +108,6 @@ def wait_routing(url: str, within: float = 30.0) -> None:
                 return
         time.sleep(0.3)
     raise RuntimeError(f"no successful request through {url}")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU so far of a process and its live children (``--workers``), from
-    /proc."""
-    total = 0.0
-    for each in (pid, *_children(pid)):
-        try:
-            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(child) for child in text.split()]
 
 
 def run_wrk(url: str, connections: int, duration: int, tmp: Path) -> tuple[float, float, int]:
@@ -436,12 +242,12 @@ def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, floa
         url = f"http://127.0.0.1:{listen}/v1/completions"
         wait_routing(url)
         run_wrk(url, args.connections, 2, tmp)  # warm-up
-        cpu_before = cpu_seconds(processor.pid) if processor else 0.0
+        cpu_before = cpu_seconds(processor.pid, with_children=True) if processor else 0.0
         profiler = start_profile(processor.pid, mode, args) if args.profile and processor else None
         rps, p50, errors = run_wrk(url, args.connections, args.duration, tmp)
         if profiler is not None:
             profiler.wait(timeout=60)
-        cpu = cpu_seconds(processor.pid) - cpu_before if processor else 0.0
+        cpu = cpu_seconds(processor.pid, with_children=True) - cpu_before if processor else 0.0
         # CPU per request of the ext_proc process: comparable even on a busy machine
         return rps, p50, errors, cpu / max(rps * args.duration, 1) * 1e6
 
@@ -465,7 +271,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternate the modes N times")
     parser.add_argument("--backend-port", type=int, default=18000)
-    parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
+    parser.add_argument("--envoy", default=default_envoy())
     parser.add_argument(
         "--profile",
         type=Path,
@@ -477,7 +283,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-extproc-") as tmp_name:
         tmp = Path(tmp_name)
         endpoints = [f"127.0.0.{i + 2}:{args.backend_port}" for i in range(args.endpoints)]
-        with backend_fleet(args.envoy, endpoints, tmp):
+        with backend_fleet(args.envoy, endpoints, tmp, METRICS_PAGE.read_text()):
             # Rounds alternate the modes: this host's speed drifts by tens of percent over
             # minutes, so modes are compared round by round and summarised by the median.
             rounds: dict[str, list[tuple[float, float, int, float]]] = {}

@@ -32,10 +32,9 @@ from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from endpoint_picker import envoy_config
 
-from endpoint_picker import envoy_config  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 POOL_FILE = REPO / "deploy" / "examples" / "pool.yaml"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -29,11 +29,10 @@ import timeit
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "unit" / "metrics" / "fixtures" / "vllm_v1_metrics.txt"
-sys.path.insert(0, str(ROOT / "src"))
+from endpoint_picker.metrics.budget import UNSEEN_OVERHEAD
 
-from endpoint_picker.metrics.budget import UNSEEN_OVERHEAD  # noqa: E402 - after the path
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "unit" / "metrics" / "fixtures" / "vllm_v1_metrics.txt"  # data
 
 
 # --- the child process: N aiohttp servers serving the fixture ------------------------------------

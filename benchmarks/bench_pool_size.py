@@ -33,10 +33,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
-import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,23 +49,21 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_extproc import (  # the fleet Envoy and the pool file of that benchmark
+from endpoint_picker.bench.fleetenvoy import (
     BIN,
     PROMPT,
+    addresses,
     backend_fleet,
+    default_envoy,
     free_port,
     pool_file,
     process,
 )
+from endpoint_picker.bench.stats import percentile
 
-PORT = 18000
-
-
-def addresses(count: int, first_subnet: int = 1) -> list[str]:
-    """``count`` endpoints on 127.0.<first_subnet>.2 and up (250 per /24)."""
-    return [f"127.0.{first_subnet + i // 250}.{2 + i % 250}:{PORT}" for i in range(count)]
+METRICS_PAGE = (
+    Path(__file__).resolve().parents[1] / "tests/unit/metrics/fixtures/vllm_v1_metrics.txt"
+)
 
 
 def _headers() -> pb.ProcessingRequest:
@@ -178,9 +175,10 @@ def wait_fresh(metrics_port: int, count: int, within: float = 60.0) -> None:
     raise RuntimeError(f"not every one of {count} endpoints got metrics within {within} s")
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def ms(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (``bench.stats.percentile``) in milliseconds, NaN of nothing."""
+    value = percentile(values, q)
+    return math.nan if value is None else value * 1e3
 
 
 def measure(mode: str, endpoints: list[str], args: argparse.Namespace, tmp: Path) -> str:
@@ -212,8 +210,8 @@ def measure(mode: str, endpoints: list[str], args: argparse.Namespace, tmp: Path
         deferred = (deferred - deferred_before) / args.duration
     if not times:
         return f"{len(endpoints):6d} {mode:7s} every pick failed ({failed})"
-    p50, p99 = statistics.median(times) * 1e3, percentile(times, 0.99) * 1e3
-    age50, age99 = statistics.median(seen) * 1e3, percentile(seen, 0.99) * 1e3
+    p50, p99 = ms(times, 50), ms(times, 99)
+    age50, age99 = ms(seen, 50), ms(seen, 99)
     return (
         f"{len(endpoints):6d} {mode:7s} {len(times) / args.duration:8.0f} picks/s   "
         f"pick p50 {p50:6.2f} ms  p99 {p99:7.2f} ms   metrics age p50 {age50:5.0f} ms  "
@@ -258,7 +256,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=200.0, help="picks per second")
     parser.add_argument("--rounds", type=int, default=1, help="alternate the modes N times")
-    parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
+    parser.add_argument("--envoy", default=default_envoy())
     parser.add_argument("--beside", type=int, default=0, help="endpoints scraped beside")
     parser.add_argument("--beside-interval", type=float, default=0.22, help="seconds")
     args = parser.parse_args()
@@ -267,7 +265,9 @@ def main() -> None:
             endpoints = addresses(size)
             with tempfile.TemporaryDirectory(prefix="bench-pool-size-") as tmp_name:
                 tmp = Path(tmp_name)
-                with backend_fleet(args.envoy, endpoints, tmp, within=120):
+                with backend_fleet(
+                    args.envoy, endpoints, tmp, METRICS_PAGE.read_text(), within=120
+                ):
                     for _ in range(args.rounds):
                         for mode in args.modes.split(","):
                             print(measure(mode, endpoints, args, tmp), flush=True)

@@ -20,27 +20,21 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the tests package: the builders of ext_proc messages and pools
+import grpc
+import orjson
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-import grpc  # noqa: E402
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc  # noqa: E402
-from lone_epp import lone_epp  # noqa: E402
-from tests.support.extproc import body, headers, json_body, response_body, response_headers  # noqa: E402
+from endpoint_picker.bench.lone import body, headers, lone_epp, response_body, response_headers
+from endpoint_picker.bench.procstat import cpu_seconds
 
 CHUNK = b'data: {"choices":[{"index":0,"text":" hello hello hello hello hello hello"}]}\n\n'
 PARALLEL = 8
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks of 10 ms
-
-
 async def one_stream(stub: pb_grpc.ExternalProcessorStub, i: int, chunks: int) -> None:
     call = stub.Process()
     await call.write(headers())
-    await call.write(body(json_body({"model": "base", "prompt": f"question {i}"})))
+    await call.write(body(orjson.dumps({"model": "base", "prompt": f"question {i}"})))
     await call.read()  # the routing headers
     await call.read()  # the body passed on
     await call.write(response_headers("text/event-stream"))

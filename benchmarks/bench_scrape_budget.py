@@ -4,7 +4,7 @@ Run: .venv/bin/python benchmarks/bench_scrape_budget.py [--sizes 256,1024] [--bu
      [--seconds 10] [--rounds 2]
 
 For each size N: N endpoints on 127.0.x.y:18000 answered by one Envoy with the vLLM page
-(filtered by ``name[]`` as vLLM filters it; ``bench_extproc.backend_fleet``), and in this
+(filtered by ``name[]`` as vLLM filters it; ``endpoint_picker.bench.fleetenvoy``), and in this
 process a ``ScrapeManager`` asked for 50 ms with ``--budget`` of a core (what ``epp serve``
 does). After a warm-up, printed: scrapes a second, the interval the manager settled on, the
 CPU this process really used (``time.process_time``: nothing else runs in it) and what the
@@ -18,20 +18,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_extproc import BIN, backend_fleet  # the fleet Envoy of that benchmark
-from bench_pool_size import addresses
-
+from endpoint_picker.bench.fleetenvoy import addresses, backend_fleet, default_envoy
 from endpoint_picker.metrics.scraper import ScrapeManager
 from endpoint_picker.settings import ScrapeSettings
 from endpoint_picker.types import Endpoint, MetricsSnapshot
+
+METRICS_PAGE = (
+    Path(__file__).resolve().parents[1] / "tests/unit/metrics/fixtures/vllm_v1_metrics.txt"
+)
 
 
 async def measure(count: int, args: argparse.Namespace) -> str:
@@ -79,12 +77,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--first-subnet", type=int, default=1, help="endpoints on 127.0.N.2 up")
     parser.add_argument("--announce", action="store_true", help="say when each warm-up is done")
-    parser.add_argument("--envoy", default=shutil.which("envoy") or str(BIN / "envoy"))
+    parser.add_argument("--envoy", default=default_envoy())
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with (
         tempfile.TemporaryDirectory() as tmp,
-        backend_fleet(args.envoy, addresses(max(sizes), args.first_subnet), Path(tmp), within=120),
+        backend_fleet(
+            args.envoy,
+            addresses(max(sizes), args.first_subnet),
+            Path(tmp),
+            METRICS_PAGE.read_text(),
+            within=120,
+        ),
     ):
         for _ in range(args.rounds):
             for size in sizes:

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import aiohttp
 
+from endpoint_picker.bench.procstat import cpu_seconds
 from endpoint_picker_sim.clock import ManualClock
 from endpoint_picker_sim.config import EngineConfig
 from endpoint_picker_sim.engine import Engine
@@ -87,12 +88,6 @@ def bench_render(renders: int) -> None:
         f"/metrics render: {renders / cpu:,.0f} renders/CPU-s "
         f"({cpu / renders * 1e6:.0f} us each, {len(text)} bytes)"
     )
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def _machine_busy_seconds() -> float:
@@ -175,12 +170,12 @@ async def bench_servers(args: argparse.Namespace) -> None:
                 ]
                 await asyncio.sleep(args.warmup)
                 before, t0, n0 = await _sim_counters(http, urls), time.monotonic(), done[0]
-                cpu0, me0 = _cpu_seconds(proc.pid), time.process_time()
+                cpu0, me0 = cpu_seconds(proc.pid), time.process_time()
                 all0 = _machine_busy_seconds()
                 await asyncio.sleep(args.duration)
                 after, t1, n1 = await _sim_counters(http, urls), time.monotonic(), done[0]
                 wall = t1 - t0
-                cpu1, me1 = _cpu_seconds(proc.pid), time.process_time()
+                cpu1, me1 = cpu_seconds(proc.pid), time.process_time()
                 others = (_machine_busy_seconds() - all0 - (cpu1 - cpu0) - (me1 - me0)) / wall
                 stop.set()
                 await asyncio.gather(*tasks)

@@ -16,34 +16,28 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the tests package: the builders of ext_proc messages and pools
+import orjson
 
-from tests.support.extproc import body, headers, json_body, response_body, response_headers  # noqa: E402
-from tests.support.pool import model, pod, pool, pool_yaml  # noqa: E402
-
-from endpoint_picker.datastore import Datastore  # noqa: E402
-from endpoint_picker.datastore.sources.file import parse_pool_text  # noqa: E402
-from endpoint_picker.director import Director  # noqa: E402
-from endpoint_picker.extproc.stream import RequestStream  # noqa: E402
-from endpoint_picker.scheduling import build_scheduling, load_config  # noqa: E402
-from endpoint_picker.settings import SchedulingSettings  # noqa: E402
-from endpoint_picker.telemetry.logs import configure_logging  # noqa: E402
-from endpoint_picker.telemetry.metrics import EppMetrics  # noqa: E402
-from endpoint_picker.types import MetricsSnapshot  # noqa: E402
+from endpoint_picker.bench.lone import body, headers, pool_text, response_body, response_headers
+from endpoint_picker.bench.stats import percentile
+from endpoint_picker.datastore import Datastore
+from endpoint_picker.datastore.sources.file import parse_pool_text
+from endpoint_picker.director import Director
+from endpoint_picker.extproc.stream import RequestStream
+from endpoint_picker.scheduling import build_scheduling, load_config
+from endpoint_picker.settings import SchedulingSettings
+from endpoint_picker.telemetry.logs import configure_logging
+from endpoint_picker.telemetry.metrics import EppMetrics
+from endpoint_picker.types import MetricsSnapshot
 
 
 def build(endpoints: int, config_text: str | None) -> tuple[Director, EppMetrics]:
-    pods = [pod(f"p{i}", f"127.0.{i // 250}.{i % 250 + 2}") for i in range(endpoints)]
+    addresses = [f"127.0.{i // 250}.{i % 250 + 2}" for i in range(endpoints)]
     store = Datastore()
-    store.apply(
-        parse_pool_text(pool_yaml(pool(), model("m", targets={"m-a": 1, "m-b": 1}), *pods), "b")
-    )
+    store.apply(parse_pool_text(pool_text(addresses, "m", targets={"m-a": 1, "m-b": 1}), "b"))
     rng = random.Random(1)
     for e in store.endpoints:
         store.update_metrics(
@@ -84,10 +78,10 @@ def main() -> None:
             {"role": "user" if i % 2 == 0 else "assistant", "content": turn}
             for i in range(args.chat_kb)
         ]
-        prompt = json_body({"model": "m", "messages": messages_json, "max_tokens": 100})
+        prompt = orjson.dumps({"model": "m", "messages": messages_json, "max_tokens": 100})
         path = "/v1/chat/completions"
     else:
-        prompt = json_body({"model": "m", "prompt": "word " * 200, "max_tokens": 100})
+        prompt = orjson.dumps({"model": "m", "prompt": "word " * 200, "max_tokens": 100})
         path = "/v1/completions"
     messages = [
         headers(path, extra={"x-request-id": "bench"}),
@@ -103,9 +97,7 @@ def main() -> None:
             stream.handle(message)
         stream.close()
         samples.append(time.perf_counter() - start)
-    samples.sort()
-    median = statistics.median(samples) * 1e6
-    p99 = samples[int(len(samples) * 0.99)] * 1e6
+    median, p99 = (percentile(samples, 50) or 0.0) * 1e6, (percentile(samples, 99) or 0.0) * 1e6
     print(
         f"endpoints={args.endpoints} requests={args.requests} body={len(prompt)} bytes: "
         f"median {median:.1f} us, p99 {p99:.1f} us per request (state machine + director)"

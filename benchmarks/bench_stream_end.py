@@ -29,32 +29,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the tests package: the builders of ext_proc messages and pools
+import grpc
+import orjson
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-import grpc  # noqa: E402
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc  # noqa: E402
-from lone_epp import lone_epp  # noqa: E402
-from tests.support.extproc import body, headers, json_body, response_body, response_headers  # noqa: E402
+from endpoint_picker.bench.lone import body, headers, lone_epp, response_body, response_headers
+from endpoint_picker.bench.procstat import rss_mib
 
 ENDINGS = ("clean", "envoy", "late", "reset")
 BATCH = 2_000
 WARMUP = 4_000
 
 
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
 async def one_stream(stub: pb_grpc.ExternalProcessorStub, i: int, ending: str) -> None:
     call = stub.Process()
     await call.write(headers())
     # one shared prefix and a unique tail shorter than a block: the prefix index stays small
-    await call.write(body(json_body({"model": "base", "prompt": "hello " * 100 + str(i)})))
+    await call.write(body(orjson.dumps({"model": "base", "prompt": "hello " * 100 + str(i)})))
     async for reply in call:
         if reply.HasField("request_body") or reply.HasField("immediate_response"):
             break

@@ -1,4 +1,4 @@
-"""The ``epp bench`` command line: ``run``, ``workloads`` and ``report``.
+"""The ``epp bench`` command line: ``run``, ``soak``, ``workloads`` and ``report``.
 
 Bad input prints one line and exits 2, as every ``epp`` command does.
 """
@@ -13,9 +13,10 @@ import sys
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 EXIT_USAGE = 2
+T = TypeVar("T")
 _EXTRA_MODULES = ("tqdm", "matplotlib")
 
 
@@ -82,7 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--burstiness", type=float, default=1.0, help="bursty: Gamma shape")
     run.add_argument("--report", type=Path, help="report folder (default bench-results/...)")
     run.add_argument("--request-timeout", type=float, default=300.0, help="seconds")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (a bar on a terminal, a line every 30 s elsewhere)",
+    )
     fleet = run.add_argument_group("the simulated fleet (--stack), passed to `epp sim`")
     fleet.add_argument("--servers", type=int, default=4)
     fleet.add_argument("--profile", help="engine profile (default: the simulator's)")
@@ -96,10 +101,60 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-scale", type=float, default=1.0,
         help="the fleet's clock speed: below 1 slows it until this machine keeps up",
     )  # fmt: skip
+    _add_soak_parser(sub)
     sub.add_parser("workloads", help="list the workloads and their parameters")
     rep = sub.add_parser("report", help="re-render a saved run (table and plots)")
     rep.add_argument("dir", type=Path)
     return parser
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"KEY=VALUE expected: {text!r}")
+    return key, value
+
+
+def _add_soak_parser(sub: Any) -> None:
+    from endpoint_picker.bench.soak.options import DEFAULT_RAMP
+
+    soak = sub.add_parser(
+        "soak",
+        help="steady load through Envoy + EPP + the fleet for 30 minutes; nothing may grow",
+        description="Steady load through Envoy + EPP + the simulated fleet; the EPP's RSS, "
+        "fds, tasks and in-flight gauges are sampled and judged (flat, GROWING, ...). "
+        "Exit 0: all flat; 1: a series grows or a gauge did not return to 0; 2: the stack "
+        "failed. See the docstring of endpoint_picker.bench.soak.",
+    )
+    a = soak.add_argument
+    a("--rate", type=float, help="requests a second (default: half of what --find-max finds)")
+    a("--find-max", action="store_true", help="only ramp up, print the maximum and stop")
+    a("--duration", type=float, default=1800.0, help="seconds of load (default 1800)")
+    a("--warmup", type=float, default=300.0, help="seconds not judged (default 300)")
+    a("--sample-interval", type=float, default=10.0, help="seconds between samples (10)")
+    a("--vanish", type=float, default=0.05, help="share of clients that vanish (0.05)")
+    a(
+        "--ramp", type=_rates, default=tuple(float(r) for r in DEFAULT_RAMP),
+        metavar="R1,R2,...", help="the find-max steps, requests/s",
+    )  # fmt: skip
+    a("--step", type=float, default=30.0, help="seconds per ramp step (default 30)")
+    a("--ttft-p90", type=float, default=0.5, help="the ramp's TTFT p90 bound, seconds")
+    a("--seed", type=int, default=1)
+    a(
+        "--ext-proc-graceful-close", action="store_true",
+        help="Envoy half-closes ext_proc streams instead of resetting them (docs/envoy.md)",
+    )  # fmt: skip
+    a(
+        "--worker-max-requests", type=int, default=0, metavar="N",
+        help="`epp serve --worker-max-requests N`: the EPP's worker turns over every ~N "
+        "streams (RSS, fds and CPU are then the parent's and its workers' together)",
+    )  # fmt: skip
+    a(
+        "--epp-env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
+        help="environment of the EPP process only, repeatable (e.g. LD_PRELOAD=... to try "
+        "another allocator)",
+    )  # fmt: skip
+    a("--out", type=Path, help="where the samples, the JSON and the plot go (default: a temp dir)")
 
 
 def _check_extra() -> None:
@@ -176,7 +231,54 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-async def _stoppable(work: Coroutine[Any, Any, object]) -> None:
+def _soak(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import shlex
+    import tempfile
+
+    from endpoint_picker.bench.model import BenchError
+    from endpoint_picker.bench.soak.options import SoakOptions
+    from endpoint_picker.bench.soak.run import bench_error, run_soak
+    from endpoint_picker.bench.stacks import find_envoy
+
+    if args.warmup >= args.duration and not args.find_max:
+        raise BenchError("--warmup must be shorter than --duration")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path(tempfile.gettempdir()) / f"bench-soak-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    options = SoakOptions(
+        out=out,
+        command=shlex.join(["epp", "bench", *argv]),
+        rate=args.rate,
+        find_max=args.find_max,
+        duration=args.duration,
+        warmup=args.warmup,
+        sample_interval=args.sample_interval,
+        vanish=args.vanish,
+        ramp=tuple(args.ramp),
+        step=args.step,
+        ttft_p90=args.ttft_p90,
+        seed=args.seed,
+        ext_proc_graceful_close=args.ext_proc_graceful_close,
+        worker_max_requests=args.worker_max_requests,
+        epp_env=tuple(args.epp_env),
+    )
+    find_envoy()
+    try:
+        return asyncio.run(_stoppable(run_soak(options)))
+    except asyncio.CancelledError:
+        print(
+            "epp bench soak: stopped by a signal; every process it started was stopped",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGTERM
+    except BaseException as exc:
+        error = bench_error(exc)  # a task group wraps it
+        if error is None:
+            raise
+        raise error from exc
+
+
+async def _stoppable(work: Coroutine[Any, Any, T]) -> T:
     """Run ``work``; SIGTERM (and SIGINT, also when a background shell ignores it) cancels it,
     so the stacks it started are stopped rather than orphaned."""
     task = asyncio.ensure_future(work)
@@ -184,7 +286,7 @@ async def _stoppable(work: Coroutine[Any, Any, object]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     try:
-        await task
+        return await task
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -208,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             render(args.dir)
             return 0
+        if args.command == "soak":
+            return _soak(args, argv)
         return _run(args, argv)
     except BenchError as exc:
         print(f"epp bench: error: {exc}", file=sys.stderr)

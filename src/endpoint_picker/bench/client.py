@@ -19,7 +19,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from tqdm import tqdm
 
 from endpoint_picker.bench.model import (
     ASSISTANT_PLACEHOLDER,
@@ -29,6 +28,7 @@ from endpoint_picker.bench.model import (
     RequestRecord,
     RequestSpec,
 )
+from endpoint_picker.bench.progress import Progress, report_progress
 
 PREVIOUS_TURN_FAILED = "previous turn failed"
 _ERROR_CLIP = 300  # characters of an error body kept in a record
@@ -53,7 +53,7 @@ async def run_requests(
     if missing := followed - by_index.keys():
         raise BenchError(f"chat turns follow unknown request indexes: {sorted(missing)[:5]}")
     run = _Run(base_url.rstrip("/"), by_index, followed, request_timeout)
-    with tqdm(total=len(specs), desc=label, unit="req", disable=not progress) as bar:
+    with report_progress(label, len(specs), enabled=progress) as bar:
         run.bar = bar
         # limit=0: an open-loop client must never queue requests behind a pool limit.
         connector = aiohttp.TCPConnector(limit=0)
@@ -80,7 +80,7 @@ class _Run:
         self.records: dict[int, RequestRecord] = {}
         self.finished: dict[int, asyncio.Future[RequestRecord]] = {}
         self.session: aiohttp.ClientSession
-        self.bar: tqdm[Any]
+        self.bar: Progress
         self.loop = asyncio.get_running_loop()
         self.start = 0.0
 

@@ -137,7 +137,7 @@ class StackSpec:
     epp_env: tuple[tuple[str, str], ...] = ()  # extra environment of the EPP processes only
     workers: int = 1  # epp@wN: each EPP runs `epp serve --workers N`
     graceful_close: bool = False  # Envoy half-closes ext_proc streams (docs/envoy.md, item 6)
-    worker_max_requests: int = 0  # `epp serve --worker-max-requests N` (bench_soak)
+    worker_max_requests: int = 0  # `epp serve --worker-max-requests N` (epp bench soak)
     plaintext: bool = False  # epp...@plaintext: no TLS between Envoy and the EPP
 
 

@@ -28,6 +28,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
     Linear interpolation between the closest ranks, as ``numpy.percentile``'s default: the
     sorted values sit at ranks 0..n-1 and rank ``q/100 * (n-1)`` is interpolated.
+
+    The one percentile of every benchmark figure (``epp bench run``'s tables, ``epp bench
+    soak``, the scripts in ``benchmarks/``). Interpolated rather than nearest rank because it
+    is what numpy and pandas compute from ``results.json`` or ``samples.csv`` by default, it
+    moves smoothly with the data where nearest rank jumps (``ordered[int(0.99 * n)]`` is the
+    maximum for any n up to 100: one outlier), and the README's routing tables were made with it.
     """
     if not values:
         return None
