@@ -431,7 +431,7 @@ class EppMetrics:
         )
         r.register(self._scrapes_deferred)
         # Read when /metrics is rendered, which the metrics server does on the event loop; a
-        # count that climbs under steady load is a leak (benchmarks/bench_soak.py watches it).
+        # count that climbs under steady load is a leak (epp bench soak watches it).
         self.event_loop_tasks = Gauge(
             "inference_extension_event_loop_tasks",
             "asyncio tasks not yet done in the EPP's event loop (0 when rendered off the loop).",
