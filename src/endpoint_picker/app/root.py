@@ -1,9 +1,9 @@
 """The composition root: builds every part from ``Settings`` and runs them as one app.
 
 Nothing below this module constructs its own dependencies; everything is passed in here.
-``App`` builds the parts (``roles.Parts``), starts those of its role (``roles.start_*``), runs
-the role's background loops as named, guarded tasks, and on stop drains and closes every part
-in the order that keeps probes and Envoy informed:
+``App`` builds the parts (``roles.Parts``), starts those of its role (``roles.Single``,
+``Parent`` or ``Worker``), runs the role's background loops as named, guarded tasks, and on stop
+drains and closes every part in the order that keeps probes and Envoy informed:
 
 ```
  parts                 one EPP   workers' parent   worker   module
@@ -34,13 +34,14 @@ import structlog
 
 from endpoint_picker.app.grpc_ports import ExtProcPort, HealthPort
 from endpoint_picker.app.metrics_port import MetricsPort
-from endpoint_picker.app.pool import FedByParent, PoolFeed
 from endpoint_picker.app.roles import (
     BoundPorts,
+    FeedParts,
+    Parent,
     Parts,
-    start_parent,
-    start_single,
-    start_worker,
+    Role,
+    Single,
+    Worker,
 )
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.health import OutlierDetector
@@ -77,9 +78,13 @@ class App:
         before_listen: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
-        self._routers = routers
-        self._worker = worker
-        self._before_listen = before_listen  # once the pool is loaded, before ext_proc listens
+        self._role: Role = (
+            Worker(worker, before_listen)
+            if worker is not None
+            else Parent(routers)
+            if routers is not None
+            else Single(before_listen)
+        )
         self.datastore = datastore or Datastore(settings.pool.pool_name)
         # The reference EPP (Go client) exports no *_created series; dashboards expect none.
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -90,17 +95,9 @@ class App:
         self._tasks = TaskSet()
         self._stopping = asyncio.Event()
         self._draining = False
-        feed = (
-            FedByParent(settings)  # the parent reads the pool and scrapes for its workers
-            if worker is not None
-            else PoolFeed(
-                settings,
-                self.datastore,
-                self.metrics,
-                self.health,
-                clock,
-                sliced=routers is None,  # a workers' parent routes nothing: no pick to let by
-                draining=lambda: self._draining,
+        feed = self._role.feed(
+            FeedParts(
+                settings, self.datastore, self.metrics, self.health, clock, lambda: self._draining
             )
         )
         self._parts = Parts(
@@ -121,18 +118,13 @@ class App:
     async def start(self) -> BoundPorts:
         """Load the pool and start serving; ``ConfigError`` when an input is invalid."""
         parts = self._parts
-        if self._worker is not None:
-            started = await start_worker(parts, self._worker, self._before_listen)
-        elif self._routers is not None:
-            started = await start_parent(parts, self._routers)
-        else:
-            started = await start_single(parts, self._before_listen)
+        started = await self._role.start(parts)
         self._tasks.spawn(started.tasks)
         await parts.feed.serving()  # the pool file: ready now (Kubernetes: at its first sync)
         self.ports = started.ports
         tls, client_ca = started.tls
         log.info(
-            "endpoint picker serving" if self._worker is None else "worker serving",
+            started.message,
             pool=self.datastore.pool.name if self.datastore.pool else None,
             endpoints=len(self.datastore.endpoints),
             ext_proc_port=self.ports.ext_proc,
@@ -158,8 +150,7 @@ class App:
         # workers); the health port keeps answering NOT_SERVING until then, so probes and
         # Envoy see the drain, not a refusal.
         await parts.ext_proc.drain(grace)
-        if self._routers is not None:
-            await self._routers.drain(grace)
+        await self._role.drain(grace)
         await parts.health_port.stop()
         if parts.routing is not None:
             parts.routing.close()  # whatever still waits in flow control gets its 503 now
@@ -176,8 +167,7 @@ class App:
 
     def kill_workers(self) -> None:
         """SIGKILL the worker processes, if this app has any (before ``os._exit``)."""
-        if self._routers is not None:
-            self._routers.kill()
+        self._role.kill()
 
     def ready(self) -> bool:
         """Readiness, as the gRPC health service reports it (``/readyz``, the status page)."""
