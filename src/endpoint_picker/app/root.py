@@ -205,6 +205,11 @@ class App:
         return routing.inflight
 
     @property
+    def task_names(self) -> list[str]:
+        """The background loops this app runs, by name."""
+        return self._tasks.names
+
+    @property
     def streams_accepted(self) -> int:
         """ext_proc streams this process let in since it started serving."""
         return self._parts.ext_proc.streams_accepted
