@@ -101,18 +101,18 @@ class App:
             )
         )
         self._parts = Parts(
-            settings,
-            clock,
-            rng or random.Random(),
-            self.datastore,
-            self.metrics,
-            self.health,
-            self.decisions,
-            self,
-            feed,
-            ExtProcPort(),
-            HealthPort(),
-            MetricsPort(),
+            settings=settings,
+            clock=clock,
+            rng=rng or random.Random(),
+            datastore=self.datastore,
+            metrics=self.metrics,
+            health=self.health,
+            decisions=self.decisions,
+            status=self,  # ready() and note(), for the status page
+            feed=feed,
+            ext_proc=ExtProcPort(),
+            health_port=HealthPort(),
+            metrics_port=MetricsPort(),
         )
 
     async def start(self) -> BoundPorts:
