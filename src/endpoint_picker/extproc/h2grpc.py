@@ -340,7 +340,8 @@ class _Connection(asyncio.Protocol):
                     self._h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
                 return
             self._open(event.stream_id, event.headers, ended=event.stream_ended is not None)
-        elif isinstance(event, StreamEnded):
+        elif isinstance(event, StreamEnded):  # a DATA or HEADERS frame ended it
+            self._data_flowed = True
             call = self._calls.get(event.stream_id)
             if call is not None:
                 call.ended = True
@@ -619,6 +620,7 @@ class _Connection(asyncio.Protocol):
         stream_id = call.stream_id
         outbox = call.outbox
         written = 0
+        self._data_flowed = True  # data or trailers go out (a client's next PING is not a strike)
         try:
             while outbox:
                 data = outbox[0]
