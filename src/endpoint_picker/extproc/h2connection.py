@@ -47,7 +47,6 @@ from endpoint_picker.extproc.h2calls import (
     echo,
     next_message,
 )
-from endpoint_picker.extproc.h2keepalive import Keepalive
 from endpoint_picker.extproc.h2policy import (
     ContentType,
     PingPolicy,
@@ -72,7 +71,6 @@ class Connection(CallWriter, asyncio.Protocol):
         super().__init__(server)
         self._refused = False
         self._pings = PingPolicy(self._limits.min_ping_interval)
-        self._keepalive = Keepalive(self, self._limits, self._loop)
         self.lost: asyncio.Future[None] = self._loop.create_future()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
@@ -227,7 +225,9 @@ class Connection(CallWriter, asyncio.Protocol):
         if method != b"POST":  # gRPC is POST only; a plain HTTP answer, as for the next two
             self._refuse(stream_id, ((b":status", b"405"), (b"allow", b"POST")), ended)
             return
-        kind = content_type_kind(content_type)
+        # the exact type every gRPC client sends, without a parse
+        grpc = content_type == b"application/grpc"
+        kind = ContentType.GRPC if grpc else content_type_kind(content_type)
         if kind is ContentType.NOT_GRPC:
             self._refuse(stream_id, ((b":status", b"415"),), ended)
             return
@@ -365,32 +365,3 @@ class Connection(CallWriter, asyncio.Protocol):
         self._finish(call, DEADLINE_EXCEEDED, "deadline exceeded", rest=False)
         self._settle(call)
         self._flush()
-
-    # -- what the keepalive sees (``h2keepalive.Peer``) ------------------------------------------
-
-    @property
-    def calls(self) -> int:
-        return len(self._calls)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def closing(self) -> bool:
-        return self._closed or self._transport is None or self._transport.is_closing()
-
-    @property
-    def drained(self) -> bool:
-        return self._last_stream_id is not None
-
-    def ping(self, data: bytes) -> None:
-        with contextlib.suppress(ProtocolError):
-            self._h2.ping(data)
-        self._flush()
-
-    def _went_idle(self) -> None:
-        self._keepalive.went_idle()
-
-    def _stopped(self) -> None:
-        self._keepalive.stop()

@@ -25,6 +25,7 @@ from endpoint_picker.extproc.h2calls import (
     frame,
     status_headers,
 )
+from endpoint_picker.extproc.h2keepalive import Keepalive
 from endpoint_picker.extproc.h2policy import ResetPolicy
 
 log = structlog.get_logger(__name__)
@@ -59,14 +60,30 @@ class CallWriter:
         # sends, window updates included; h2 sends few of those, and a grpc client's BDP PINGs
         # follow the data it sends: counting only ours would call them strikes.
         self._data_flowed = False
+        self._keepalive = Keepalive(self, self._limits, self._loop)
 
-    def _went_idle(self) -> None:
-        """The last call ended (the connection's idle clock starts)."""
-        raise NotImplementedError
+    # -- what the keepalive sees (``h2keepalive.Peer``) ------------------------------------------
 
-    def _stopped(self) -> None:
-        """The connection closed: its timers stop."""
-        raise NotImplementedError
+    @property
+    def calls(self) -> int:
+        return len(self._calls)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def closing(self) -> bool:
+        return self._closed or self._transport is None or self._transport.is_closing()
+
+    @property
+    def drained(self) -> bool:
+        return self._last_stream_id is not None
+
+    def ping(self, data: bytes) -> None:
+        with contextlib.suppress(ProtocolError):
+            self._h2.ping(data)
+        self._flush()
 
     # -- sending ---------------------------------------------------------------------------------
 
@@ -202,7 +219,7 @@ class CallWriter:
         if calls.get(call.stream_id) is call:
             del calls[call.stream_id]
             if not calls:
-                self._went_idle()
+                self._keepalive.went_idle()
         self._blocked.discard(call)
         if call.rest_timer is not None:
             call.rest_timer.cancel()
@@ -298,7 +315,7 @@ class CallWriter:
         self._closed = True
         for call in list(self._calls.values()):
             self._drop(call)
-        self._stopped()
+        self._keepalive.stop()
         transport = self._transport
         if transport is None or transport.is_closing():
             return

@@ -28,9 +28,9 @@ from endpoint_picker.errors import (
 )
 from endpoint_picker.exchange import SESSION_TOKEN_HEADER, Exchange, QueuedRoute, RoutingDecision
 from endpoint_picker.extproc import responses, wire
-from endpoint_picker.extproc.limits import BodyBudget
+from endpoint_picker.extproc.inbound import header_value, response_head, subset_hint
+from endpoint_picker.extproc.session import BodyBudget
 from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
-from endpoint_picker.types import ascii_int
 
 log = structlog.get_logger(__name__)
 
@@ -41,21 +41,6 @@ STREAMED = _Mode.STREAMED
 _MODE_NAMES = {v: k for k, v in _Mode.BodySendMode.items()}
 
 Responses = list[pb.ProcessingResponse]
-
-
-def _header_value(header: object) -> str:
-    raw = getattr(header, "raw_value", b"")
-    return raw.decode("utf-8", "replace") if raw else str(getattr(header, "value", ""))
-
-
-def _metadata_string(request: pb.ProcessingRequest, namespace: str, key: str) -> str | None:
-    meta = request.metadata_context.filter_metadata
-    if namespace not in meta:
-        return None
-    value = meta[namespace].fields.get(key)
-    if value is None or value.WhichOneof("kind") != "string_value":
-        return None
-    return str(value.string_value)
 
 
 _MAX_REQUEST_ID = 128
@@ -73,27 +58,6 @@ def _safe_request_id(raw: str) -> str:
     """The client's request id as logged: printable ASCII, bounded, or "" (none usable)."""
     text = raw[:_MAX_REQUEST_ID]
     return text if text.isascii() and text.isprintable() else ""
-
-
-def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
-    """The subset hint as a list of entries, or None when Envoy sent none."""
-    meta = request.metadata_context.filter_metadata
-    if wire.SUBSET_HINT_NAMESPACE not in meta:
-        return None
-    value = meta[wire.SUBSET_HINT_NAMESPACE].fields.get(wire.SUBSET_HINT_KEY)
-    if value is None:
-        return None
-    kind = value.WhichOneof("kind")
-    if kind == "list_value":
-        # a non-string entry stays in the list as an invalid one: "no eligible endpoint",
-        # not "empty hint"
-        return [
-            v.string_value if v.WhichOneof("kind") == "string_value" else "<not a string>"
-            for v in value.list_value.values
-        ]
-    if kind == "string_value":  # tolerate "a,b" as a single string
-        return [s for s in (p.strip() for p in value.string_value.split(",")) if s]
-    return []
 
 
 class RequestStream:
@@ -192,16 +156,16 @@ class RequestStream:
             if key == wire.CONTENT_LENGTH:
                 has_content_length = True
             if key == ":path":
-                path = _header_value(header)
+                path = header_value(header)
             elif key == wire.REQUEST_ID_HEADER:
-                client_id = _safe_request_id(_header_value(header))
+                client_id = _safe_request_id(header_value(header))
             elif (
                 key.startswith(wire.DESTINATION_HEADER_PREFIX) and key != wire.DESTINATION_ENDPOINT
             ):
                 # a client may never choose the upstream (the destination itself is overwritten)
                 self._spoofed.append(key)
             elif key in wanted:  # what the scheduler reads: session ids and tokens
-                collected[key] = _header_value(header)[:_MAX_SCHEDULER_HEADER]
+                collected[key] = header_value(header)[:_MAX_SCHEDULER_HEADER]
         self._received_at = self._clock()
         exchange = self._exchange = self._director.on_headers(
             path, client_id, subset_hint(message), collected, headers.end_of_stream
@@ -364,21 +328,12 @@ class RequestStream:
     # -- response path --------------------------------------------------------------------------
 
     def _on_response_headers(self, message: pb.ProcessingRequest) -> Responses:
-        served = _metadata_string(message, wire.LB_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
-        content_type, status, upstream_failure = "", 0, False
-        for header in message.response_headers.headers.headers:
-            key = header.key.lower()
-            if key == wire.CONTENT_TYPE:
-                content_type = _header_value(header)
-            elif key == ":status":
-                status = ascii_int(_header_value(header), 999) or 0
-            elif key == wire.UPSTREAM_FAILURE_HEADER:
-                upstream_failure = True
+        served, status, content_type, upstream_failure = response_head(message)
         exchange = self._exchange
         token = None
         if exchange is not None:
             token = self._director.on_response_headers(
-                exchange, served or "", status, upstream_failure, content_type
+                exchange, served, status, upstream_failure, content_type
             )
         if status >= 400 and self._decision is not None and self._metrics is not None:
             request = self._decision.request
