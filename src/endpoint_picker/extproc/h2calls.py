@@ -12,7 +12,8 @@ from h2.config import H2Configuration
 
 from endpoint_picker.errors import clip
 from endpoint_picker.extproc import wire
-from endpoint_picker.extproc.session import BodyBudget, ExternalProcessor, Session
+from endpoint_picker.extproc.limits import BodyBudget
+from endpoint_picker.extproc.session import ExternalProcessor, Session
 from endpoint_picker.settings import GrpcConnectionSettings
 
 PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"

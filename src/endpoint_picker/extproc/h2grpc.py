@@ -65,7 +65,8 @@ from endpoint_picker.extproc.h2calls import (
     Health,
 )
 from endpoint_picker.extproc.h2connection import Connection
-from endpoint_picker.extproc.session import BodyBudget, ExternalProcessor
+from endpoint_picker.extproc.limits import BodyBudget
+from endpoint_picker.extproc.session import ExternalProcessor
 from endpoint_picker.settings import GrpcConnectionSettings
 
 __all__ = ["CLIENT_REST_SECONDS", "HEALTH_CHECK_PATH", "PROCESS_PATH", "H2GrpcServer"]

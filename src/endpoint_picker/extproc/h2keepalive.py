@@ -91,10 +91,9 @@ class Keepalive:
             self._timer = self._loop.call_at(min(dues), self._tick)
 
     def went_idle(self) -> None:
-        """The last call ended: the idle clock starts (the timer may now be due sooner)."""
+        """The last call of an open connection ended: the idle clock starts (the timer may now
+        be due sooner)."""
         peer = self._peer
-        if peer.closed:
-            return
         self.active_at = peer.now = self._loop.time()
         if self._limits.max_connection_idle and self._idle_goaway_at is None:
             timer = self._timer

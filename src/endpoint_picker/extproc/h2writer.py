@@ -218,7 +218,7 @@ class CallWriter:
         calls = self._calls
         if calls.get(call.stream_id) is call:
             del calls[call.stream_id]
-            if not calls:
+            if not calls and not self._closed:
                 self._keepalive.went_idle()
         self._blocked.discard(call)
         if call.rest_timer is not None:

@@ -15,7 +15,8 @@ from endpoint_picker.errors import ConfigError
 from endpoint_picker.extproc.grpcio_server import build_health_server, start_grpcio_server
 from endpoint_picker.extproc.h2grpc import H2GrpcServer
 from endpoint_picker.extproc.health import HealthState
-from endpoint_picker.extproc.session import BodyBudget, ExternalProcessor
+from endpoint_picker.extproc.limits import BodyBudget
+from endpoint_picker.extproc.session import ExternalProcessor
 from endpoint_picker.extproc.tls import server_ssl_context
 from endpoint_picker.settings import EXT_PROC_SERVER_ALIASES, GrpcConnectionSettings
 from endpoint_picker.types import format_hostport

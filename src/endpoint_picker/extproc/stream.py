@@ -29,7 +29,7 @@ from endpoint_picker.errors import (
 from endpoint_picker.exchange import SESSION_TOKEN_HEADER, Exchange, QueuedRoute, RoutingDecision
 from endpoint_picker.extproc import responses, wire
 from endpoint_picker.extproc.inbound import header_value, response_head, subset_hint
-from endpoint_picker.extproc.session import BodyBudget
+from endpoint_picker.extproc.limits import BodyBudget
 from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
 
 log = structlog.get_logger(__name__)
