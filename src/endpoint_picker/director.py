@@ -20,21 +20,20 @@ saturation detector says have room (all of them when none has).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
 import json
 import random
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import orjson
 import structlog
 
 from endpoint_picker.datastore import InferenceModel, InferenceObjective, InferencePool
-from endpoint_picker.datastore.health import FailureKind, without_excluded
+from endpoint_picker.datastore.health import without_excluded
 from endpoint_picker.errors import (
     BadRequestError,
     ModelNotFoundError,
@@ -45,6 +44,14 @@ from endpoint_picker.errors import (
     clip,
     kept,
 )
+from endpoint_picker.exchange import (
+    Exchange,
+    LocalAnswer,
+    Outliers,
+    ResponseSide,
+)
+from endpoint_picker.exchange import QueuedRoute as QueuedRoute  # what the director returns
+from endpoint_picker.exchange import RoutingDecision as RoutingDecision
 from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.requests import (
     Api,
@@ -120,42 +127,6 @@ class RequestScheduler(Protocol):
     ) -> SchedulingResult: ...
 
 
-class Outliers(Protocol):
-    """Passive health from responses (``datastore.health.OutlierDetector``)."""
-
-    def excluded(self) -> frozenset[str]: ...
-
-    def routed(self, hostport: str) -> bool: ...
-
-    def succeeded(self, hostport: str) -> None: ...
-
-    def failed(self, hostport: str, kind: FailureKind, ready: Collection[str]) -> bool: ...
-
-    def unanswered(self, hostport: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedRoute:
-    """A request waiting in flow control; ``future`` resolves to its ``RoutingDecision``."""
-
-    request: LLMRequest
-    future: asyncio.Future[RoutingDecision]
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingDecision:
-    """Where a request goes and the body it goes with."""
-
-    request: LLMRequest
-    endpoints: tuple[str, ...]  # host:port, primary first
-    body: bytes  # the bytes to forward: the original unless the model was rewritten
-    probe: bool = False  # the first request to an endpoint back from an ejection
-
-    @property
-    def destination(self) -> str:
-        return ",".join(self.endpoints)
-
-
 _MODEL_KEY = re.compile(rb'"model"\s*:\s*')
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 # Each splice attempt parses the whole body once: past this many ``"model"`` keys (nested ones
@@ -225,7 +196,7 @@ class Director:
             request_headers = (*request_headers, FAIRNESS_HEADER, TIMEOUT_HEADER)
         self._lifecycle = lifecycle or Lifecycle()
         self._request_headers = frozenset(h.lower() for h in request_headers) | {OBJECTIVE_HEADER}
-        self._session_tokens = session_tokens
+        self._response = ResponseSide(pool, self._lifecycle, outliers, flow, session_tokens)
         self._extra_paths = frozenset(normalize_path(p) for p in extra_paths)
         self._scheduler = scheduler
         self._saturation = saturation
@@ -233,10 +204,86 @@ class Director:
         self._allow_unknown = allow_unknown_models
         self._rng = rng or random.Random()
 
-    def new_request_id(self) -> str:
-        """A request id of the EPP's own, for one ext_proc stream: what every table and event
-        is keyed by (the client's ``x-request-id`` can be repeated by anyone: logs only)."""
-        return self._ids.new()
+    # -- the three crossings of the edge (headers, body, response; ``exchange``) --------------
+
+    @property
+    def request_headers(self) -> frozenset[str]:
+        """The request headers the scheduler reads (lower-case); the stream collects these."""
+        return self._request_headers
+
+    def on_headers(
+        self,
+        path: str,
+        client_id: str,
+        subset: Sequence[str] | None,
+        headers: dict[str, str],
+        end_of_stream: bool,
+    ) -> Exchange:
+        """A request's headers: its exchange, with a request id of the EPP's own (what every
+        table and event is keyed by; the client's ``x-request-id`` can be repeated by anyone:
+        logs only) and the director's verdict on the headers, which the stream reads once its
+        own checks pass: ``error`` (404: no inference API; 400: a model list with a body),
+        ``local`` (the gateway's health, the model list), or neither (route it)."""
+        exchange = Exchange(self._ids.new(), client_id, path, subset, headers, end_of_stream)
+        try:
+            api = exchange.api = self.resolve_api(path)
+        except RequestError as exc:
+            exchange.error = exc
+            return exchange
+        if api is Api.HEALTH:  # the gateway's health, whatever the method: never a pod's
+            exchange.local = LocalAnswer(ready=self.has_ready_endpoint())
+        elif api is Api.MODELS:
+            models = self.list_models()
+            if models is not None:
+                exchange.local = LocalAnswer(models=tuple(models))
+            elif not end_of_stream:
+                exchange.error = BadRequestError("GET /v1/models takes no request body")
+        return exchange
+
+    def on_body(self, exchange: Exchange, raw_body: bytes) -> RoutingDecision | QueuedRoute:
+        """Route the request with its whole body (or none, for headers only): through flow
+        control when it is on, where a request that must wait comes back as a
+        ``QueuedRoute`` whose future raises the queue's 429 or 503 or scheduling's own error.
+        The stream sets ``exchange.decision`` once it is routed."""
+        assert exchange.api is not None  # on_headers' error was answered instead
+        if exchange.headers_only:
+            return self._route_headers_only(
+                exchange.id, exchange.api, exchange.path, exchange.subset, exchange.client_id
+            )
+        return self._route(
+            exchange.id,
+            exchange.api,
+            raw_body,
+            exchange.subset,
+            exchange.headers,
+            self._flow,
+            exchange.client_id,
+        )
+
+    def on_response_headers(
+        self,
+        exchange: Exchange,
+        served: str,
+        status: int,
+        upstream_failure: bool,
+        content_type: str,
+    ) -> str | None:
+        """The response's headers, from ``served`` (Envoy's
+        ``x-gateway-destination-endpoint-served``; "" without it), with ``status``: the
+        response side's steps (``exchange.ResponseSide.headers``); returns the session token
+        the response carries, or None."""
+        return self._response.headers(exchange, served, status, upstream_failure, content_type)
+
+    def on_response_body(self, exchange: Exchange, chunk: bytes) -> None:
+        """A chunk of the response's body (read for usage; the first means started)."""
+        self._response.body(exchange, chunk)
+
+    def on_finish(self, exchange: Exchange, ok: bool, seconds: float) -> bool:
+        """The response ended (``ok``) or the stream closed first, ``seconds`` after the
+        headers: the finished event, once; True when this call sent it."""
+        return self._response.finish(exchange, ok, seconds)
+
+    # -- the steps, for those that route without a stream -----------------------------------
 
     def resolve_api(self, path: str) -> Api:
         """The API of ``path``; ``PathNotFoundError`` (404) for anything else."""
@@ -261,13 +308,6 @@ class Director:
         loaded, with a Ready endpoint; a subset hint or a model may still narrow it to none."""
         return bool(self._pool.endpoint_states())
 
-    def started(self, request_id: str) -> None:
-        """A routed request's response brought its first body bytes: the server is working on
-        it, so it no longer waits in that server's queue."""
-        self._lifecycle.started(request_id)
-        if self._flow is not None:
-            self._flow.kick()
-
     def finished(
         self,
         request_id: str,
@@ -277,53 +317,7 @@ class Director:
     ) -> None:
         """A routed request's response ended (``ok``) or its stream closed first: once each,
         after ``seconds`` end to end, with the response's ``output_tokens`` when it had usage."""
-        self._lifecycle.finished(request_id, ok, seconds, output_tokens)
-        if self._flow is not None:
-            self._flow.kick()
-
-    def upstream_unreachable(self, hostport: str, reason: str) -> None:
-        """Envoy could not connect to an endpoint the EPP picked: stop picking it for now."""
-        self._pool.mark_unreachable(hostport, reason)
-
-    def responded(
-        self, decision: RoutingDecision, served: str, status: int, connect_failure: bool
-    ) -> None:
-        """A routed request's response headers came back (the server's, or Envoy's own reply
-        for a reset or a refused connection) with ``status``, from ``served`` (Envoy's
-        ``x-gateway-destination-endpoint-served``; "" without it: the first endpoint).
-        Envoy's retries walk the EPP's list in order, so the endpoints named before the one
-        that served each failed an attempt (a reset or refused connection Envoy retried)."""
-        outliers = self._outliers
-        if outliers is None or not 100 <= status <= 599:
-            return
-        endpoints = decision.endpoints
-        index = endpoints.index(served) if served in endpoints else 0
-        ready: Collection[str] = ()
-        if index or status >= 500:
-            ready = {s.hostport for s in self._pool.endpoint_states()}
-        for failed in endpoints[:index]:
-            outliers.failed(failed, FailureKind.RETRIED, ready)
-        if status < 500:
-            outliers.succeeded(endpoints[index])
-        else:
-            kind = FailureKind.CONNECT if connect_failure else FailureKind.STATUS_5XX
-            outliers.failed(endpoints[index], kind, ready)
-
-    def unanswered(self, decision: RoutingDecision) -> None:
-        """A routed request's stream ended before its response headers (the client left):
-        no verdict on the endpoint, but a probe ends."""
-        if decision.probe and self._outliers is not None:
-            self._outliers.unanswered(decision.endpoints[0])
-
-    @property
-    def request_headers(self) -> frozenset[str]:
-        """The request headers the scheduler reads (lower-case); the stream collects these."""
-        return self._request_headers
-
-    @property
-    def session_tokens(self) -> bool:
-        """Whether responses carry ``x-session-token`` (a session-affinity plugin is on)."""
-        return self._session_tokens
+        self._response.finished(request_id, ok, seconds, output_tokens)
 
     def route(
         self,
@@ -335,32 +329,17 @@ class Director:
         client_request_id: str = "",
     ) -> RoutingDecision:
         """Route a request with a body now (flow control is not asked); raises a
-        ``RequestError`` subclass. ``request_id`` is the EPP's own (``new_request_id``),
+        ``RequestError`` subclass. ``request_id`` is the EPP's own (an exchange's),
         ``client_request_id`` the client's, for logs."""
-        outcome = self._route(request_id, path, raw_body, subset, headers, None, client_request_id)
+        api = self.resolve_api(path)
+        outcome = self._route(request_id, api, raw_body, subset, headers, None, client_request_id)
         assert isinstance(outcome, RoutingDecision)  # no flow control, nothing queues
         return outcome
-
-    def route_or_queue(
-        self,
-        request_id: str,
-        path: str,
-        raw_body: bytes,
-        subset: Sequence[str] | None,
-        headers: Mapping[str, str] | None = None,
-        client_request_id: str = "",
-    ) -> RoutingDecision | QueuedRoute:
-        """``route``, through flow control when it is on: a request that must wait comes back
-        as a ``QueuedRoute``, whose future raises the queue's 429 or 503 or the scheduling
-        step's own error."""
-        return self._route(
-            request_id, path, raw_body, subset, headers, self._flow, client_request_id
-        )
 
     def _route(
         self,
         request_id: str,
-        path: str,
+        api: Api,
         raw_body: bytes,
         subset: Sequence[str] | None,
         headers: Mapping[str, str] | None,
@@ -369,7 +348,6 @@ class Director:
     ) -> RoutingDecision | QueuedRoute:
         request: LLMRequest | None = None
         try:
-            api = self.resolve_api(path)
             request = parse_request(request_id, api, raw_body, headers, client_request_id)
             request = self._apply_objective(self._resolve_model(request))
             if flow is None:
@@ -425,6 +403,16 @@ class Director:
         """Route a request without a body (an extra path, or ``GET /v1/models`` when no
         InferenceModel lists the models) to any eligible endpoint."""
         api = self.resolve_api(path)
+        return self._route_headers_only(request_id, api, path, subset, client_request_id)
+
+    def _route_headers_only(
+        self,
+        request_id: str,
+        api: Api,
+        path: str,
+        subset: Sequence[str] | None,
+        client_request_id: str,
+    ) -> RoutingDecision:
         if api not in (Api.OTHER, Api.MODELS):
             raise BadRequestError(f"{clip(normalize_path(path))} needs a JSON request body")
         request = LLMRequest(

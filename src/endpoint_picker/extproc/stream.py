@@ -16,9 +16,8 @@ import structlog
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from endpoint_picker.director import Director, QueuedRoute, RoutingDecision
+from endpoint_picker.director import Director
 from endpoint_picker.errors import (
-    BadRequestError,
     ErrorCode,
     HeadersTooLargeError,
     InternalError,
@@ -27,13 +26,11 @@ from endpoint_picker.errors import (
     TooManyRequestsError,
     clip,
 )
+from endpoint_picker.exchange import SESSION_TOKEN_HEADER, Exchange, QueuedRoute, RoutingDecision
 from endpoint_picker.extproc import responses, wire
+from endpoint_picker.extproc.inbound import header_value, response_head, subset_hint
 from endpoint_picker.extproc.limits import BodyBudget
-from endpoint_picker.requests import Api
-from endpoint_picker.scheduling.plugins.session import SESSION_TOKEN_HEADER, session_token
 from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
-from endpoint_picker.telemetry.usage import UsageReader
-from endpoint_picker.types import ascii_int
 
 log = structlog.get_logger(__name__)
 
@@ -44,21 +41,6 @@ STREAMED = _Mode.STREAMED
 _MODE_NAMES = {v: k for k, v in _Mode.BodySendMode.items()}
 
 Responses = list[pb.ProcessingResponse]
-
-
-def _header_value(header: object) -> str:
-    raw = getattr(header, "raw_value", b"")
-    return raw.decode("utf-8", "replace") if raw else str(getattr(header, "value", ""))
-
-
-def _metadata_string(request: pb.ProcessingRequest, namespace: str, key: str) -> str | None:
-    meta = request.metadata_context.filter_metadata
-    if namespace not in meta:
-        return None
-    value = meta[namespace].fields.get(key)
-    if value is None or value.WhichOneof("kind") != "string_value":
-        return None
-    return str(value.string_value)
 
 
 _MAX_REQUEST_ID = 128
@@ -76,27 +58,6 @@ def _safe_request_id(raw: str) -> str:
     """The client's request id as logged: printable ASCII, bounded, or "" (none usable)."""
     text = raw[:_MAX_REQUEST_ID]
     return text if text.isascii() and text.isprintable() else ""
-
-
-def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
-    """The subset hint as a list of entries, or None when Envoy sent none."""
-    meta = request.metadata_context.filter_metadata
-    if wire.SUBSET_HINT_NAMESPACE not in meta:
-        return None
-    value = meta[wire.SUBSET_HINT_NAMESPACE].fields.get(wire.SUBSET_HINT_KEY)
-    if value is None:
-        return None
-    kind = value.WhichOneof("kind")
-    if kind == "list_value":
-        # a non-string entry stays in the list as an invalid one: "no eligible endpoint",
-        # not "empty hint"
-        return [
-            v.string_value if v.WhichOneof("kind") == "string_value" else "<not a string>"
-            for v in value.list_value.values
-        ]
-    if kind == "string_value":  # tolerate "a,b" as a single string
-        return [s for s in (p.strip() for p in value.string_value.split(",")) if s]
-    return []
 
 
 class RequestStream:
@@ -125,24 +86,15 @@ class RequestStream:
         self.finished = False
         self._request_mode = FULL_DUPLEX
         self._response_mode = FULL_DUPLEX
-        self._path = ""
-        # The EPP's own id for this request (``Director.new_request_id``): every table and
-        # event is keyed by it. The client's x-request-id, which any client may repeat, is
-        # only logged and shown; ``_request_id`` is the one logs use (the client's, else ours).
-        self._id = ""
-        self._client_id = ""
+        # The request's way through the director (``Director.on_headers``), keyed by the
+        # EPP's own id. The client's x-request-id, which any client may repeat, is only logged
+        # and shown; ``_request_id`` is the one logs use (the client's, else ours).
+        self._exchange: Exchange | None = None
         self._request_id = ""
         self._spoofed: list[str] = []
-        self._subset: list[str] | None = None
-        self._headers: dict[str, str] = {}
         self._body = bytearray()
         self._decision: RoutingDecision | None = None
         self._received_at = 0.0
-        self._usage: UsageReader | None = None
-        self._served = ""
-        self._responded = False  # response headers came back: the outlier detector judged
-        self._closed_metrics = False
-        self._started = False  # the response's first body bytes went by
         self._queued: tuple[QueuedRoute, bytes, bool] | None = None
 
     @property
@@ -195,33 +147,34 @@ class RequestStream:
     def _on_request_headers(self, message: pb.ProcessingRequest) -> Responses:
         headers = message.request_headers
         header_bytes, has_content_length = 0, False
+        path = client_id = ""
         wanted = self._director.request_headers
+        collected: dict[str, str] = {}
         for header in headers.headers.headers:
             key = header.key.lower()
             header_bytes += len(key) + len(header.raw_value or header.value)
             if key == wire.CONTENT_LENGTH:
                 has_content_length = True
             if key == ":path":
-                self._path = _header_value(header)
+                path = header_value(header)
             elif key == wire.REQUEST_ID_HEADER:
-                self._client_id = _safe_request_id(_header_value(header))
+                client_id = _safe_request_id(header_value(header))
             elif (
                 key.startswith(wire.DESTINATION_HEADER_PREFIX) and key != wire.DESTINATION_ENDPOINT
             ):
                 # a client may never choose the upstream (the destination itself is overwritten)
                 self._spoofed.append(key)
             elif key in wanted:  # what the scheduler reads: session ids and tokens
-                self._headers[key] = _header_value(header)[:_MAX_SCHEDULER_HEADER]
+                collected[key] = header_value(header)[:_MAX_SCHEDULER_HEADER]
         self._received_at = self._clock()
-        self._id = self._director.new_request_id()
-        self._request_id = self._client_id or self._id
-        if self._client_id:
-            structlog.contextvars.bind_contextvars(
-                request_id=self._client_id, epp_request_id=self._id
-            )
+        exchange = self._exchange = self._director.on_headers(
+            path, client_id, subset_hint(message), collected, headers.end_of_stream
+        )
+        self._request_id = client_id or exchange.id
+        if client_id:
+            structlog.contextvars.bind_contextvars(request_id=client_id, epp_request_id=exchange.id)
         else:
-            structlog.contextvars.bind_contextvars(request_id=self._id)
-        self._subset = subset_hint(message)
+            structlog.contextvars.bind_contextvars(request_id=exchange.id)
         # The destination header, and the body's length when the client sent none, must still
         # fit Envoy's limits: past them Envoy drops the mutation with an empty 500.
         added = 1 + (0 if has_content_length or headers.end_of_stream else 1)
@@ -233,26 +186,22 @@ class RequestStream:
                 f"{self._max_header_bytes} bytes, its own included"
             )
         # Only the inference APIs go anywhere: a 404 now, before a byte of body is buffered.
-        api = self._director.resolve_api(self._path)
-        if api is Api.HEALTH:  # the gateway's health, whatever the method: never a pod's
+        if exchange.error is not None:
+            raise exchange.error
+        local = exchange.local
+        if local is not None:  # the gateway's health, or the model list: never a pod's
             self.finished = True
-            if self._director.has_ready_endpoint():
+            if local.models is not None:
+                body = responses.models_body(local.models, owner="endpoint-picker")
+                return [responses.immediate_json(200, body, "epp_models")]
+            if local.ready:
                 return [responses.immediate_empty(200, "epp_health")]
             # a probe, not a rejected request: no error metric, no decision on the status page
             unready = "no ready endpoint in the pool"
             return [responses.immediate_error(ErrorCode.SERVICE_UNAVAILABLE, unready)]
-        if api is Api.MODELS:
-            models = self._director.list_models()
-            if models is not None:
-                self.finished = True
-                body = responses.models_body(models, owner="endpoint-picker")
-                return [responses.immediate_json(200, body, "epp_models")]
-            if not headers.end_of_stream:
-                raise BadRequestError("GET /v1/models takes no request body")
         if headers.end_of_stream:
-            decision = self._director.route_headers_only(
-                self._id, self._path, self._subset, self._client_id
-            )
+            decision = self._director.on_body(exchange, b"")
+            assert isinstance(decision, RoutingDecision)  # headers only: never queued
             self._routed(decision)
             return [self._headers_response(decision, content_length=None)]
         if self._request_mode == FULL_DUPLEX:
@@ -303,9 +252,8 @@ class RequestStream:
     def _route_body(self, end_of_stream: bool) -> Responses:
         raw = bytes(self._body)
         self._drop_body()
-        outcome = self._director.route_or_queue(
-            self._id, self._path, raw, self._subset, self._headers, self._client_id
-        )
+        assert self._exchange is not None  # the headers came first
+        outcome = self._director.on_body(self._exchange, raw)
         if isinstance(outcome, QueuedRoute):
             # Flow control holds it: the servicer awaits ``resume()`` before the next message.
             self._queued = (outcome, raw, end_of_stream)
@@ -362,6 +310,8 @@ class RequestStream:
 
     def _routed(self, decision: RoutingDecision) -> None:
         self._decision = decision
+        assert self._exchange is not None
+        self._exchange.decision = decision
         request = decision.request
         log.debug(
             "request routed",
@@ -378,45 +328,26 @@ class RequestStream:
     # -- response path --------------------------------------------------------------------------
 
     def _on_response_headers(self, message: pb.ProcessingRequest) -> Responses:
-        served = _metadata_string(message, wire.LB_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
-        if served:
-            self._served = served
-        content_type, status, upstream_failure = "", 0, False
-        for header in message.response_headers.headers.headers:
-            key = header.key.lower()
-            if key == wire.CONTENT_TYPE:
-                content_type = _header_value(header)
-            elif key == ":status":
-                status = ascii_int(_header_value(header), 999) or 0
-            elif key == wire.UPSTREAM_FAILURE_HEADER:
-                upstream_failure = True
-        if upstream_failure and self._decision is not None:
-            # Envoy could not connect where the EPP sent it: a dead pod, known before a scrape.
-            failed = self._served or self._decision.endpoints[0]
-            self._director.upstream_unreachable(failed, "envoy: upstream connect failure")
-        if self._decision is not None and not self._responded:
-            self._responded = True  # judge each endpoint it went through, once
-            self._director.responded(self._decision, self._served, status, upstream_failure)
-        self._usage = UsageReader(content_type)
+        served, status, content_type, upstream_failure = response_head(message)
+        exchange = self._exchange
+        token = None
+        if exchange is not None:
+            token = self._director.on_response_headers(
+                exchange, served, status, upstream_failure, content_type
+            )
         if status >= 400 and self._decision is not None and self._metrics is not None:
             request = self._decision.request
             self._metrics.request_failed(request.model, request.target_model, MODEL_SERVER_ERROR)
         if message.response_headers.end_of_stream:
             self._finish_response()
-        if self._director.session_tokens and self._decision is not None:
-            # the reference's session contract: the token names the endpoint that served
-            token = session_token(self._served or self._decision.endpoints[0])
+        if token is not None:
             return [responses.response_headers_with(SESSION_TOKEN_HEADER, token)]
         return [responses.CONTINUE_RESPONSE_HEADERS]
 
     def _on_response_body(self, message: pb.ProcessingRequest) -> Responses:
         body = message.response_body
-        if self._usage is None:
-            self._usage = UsageReader()
-        self._usage.feed(body.body)
-        if not self._started and body.body and self._decision is not None:
-            self._started = True  # a streamed completion's first token: out of the server's queue
-            self._director.started(self._decision.request.request_id)
+        if self._exchange is not None:
+            self._director.on_response_body(self._exchange, body.body)
         if body.end_of_stream:
             self._finish_response()
         if self._response_mode != FULL_DUPLEX:
@@ -427,23 +358,19 @@ class RequestStream:
         ]
 
     def _finish_response(self) -> None:
-        if self._closed_metrics or self._decision is None:
+        exchange = self._exchange
+        if exchange is None or self._decision is None:
             return
-        self._closed_metrics = True
-        request = self._decision.request
-        usage = self._usage.finish() if self._usage else None
         seconds = self._clock() - self._received_at
-        self._director.finished(
-            request.request_id,
-            ok=True,
-            seconds=seconds,
-            output_tokens=usage.completion_tokens if usage else None,
-        )
-        served = self._served or self._decision.endpoints[0]
+        if not self._director.on_finish(exchange, True, seconds):
+            return
+        request = self._decision.request
+        reader = exchange.usage
+        usage = reader.usage if reader is not None else None
         log.debug(
             "response complete",
-            served=served,
-            response_bytes=self._usage.body_bytes if self._usage else 0,
+            served=exchange.served or self._decision.endpoints[0],
+            response_bytes=reader.body_bytes if reader else 0,
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
         )
@@ -452,10 +379,10 @@ class RequestStream:
                 request.model,
                 request.target_model,
                 seconds=seconds,
-                response_bytes=self._usage.body_bytes if self._usage else 0,
+                response_bytes=reader.body_bytes if reader else 0,
                 input_tokens=usage.prompt_tokens if usage else None,
                 output_tokens=usage.completion_tokens if usage else None,
-                invalid_usage=self._usage is not None and self._usage.invalid,
+                invalid_usage=reader is not None and reader.invalid,
             )
 
     def close(self) -> None:
@@ -463,16 +390,11 @@ class RequestStream:
         if self._queued is not None:  # never resumed: leave the queue
             self._queued[0].future.cancel()
             self._queued = None
-        if self._decision is not None and not self._responded:
-            self._director.unanswered(self._decision)  # no verdict; a probe ends
-        if self._decision is not None and not self._closed_metrics:
-            self._closed_metrics = True
-            self._director.finished(
-                self._decision.request.request_id,
-                ok=False,
-                seconds=self._clock() - self._received_at,
-            )
-            if self._metrics is not None:
+        exchange = self._exchange
+        if exchange is not None and self._decision is not None:
+            seconds = self._clock() - self._received_at
+            # no verdict on the endpoint, but a probe ends; the finished event if not sent
+            if self._director.on_finish(exchange, False, seconds) and self._metrics is not None:
                 self._metrics.request_abandoned(self._decision.request.model)
         self._drop_body()
         structlog.contextvars.unbind_contextvars("request_id", "epp_request_id")
