@@ -90,21 +90,29 @@ def pool_text(
 
 @contextlib.asynccontextmanager
 async def lone_epp(
-    folder: Path, port: int, server: str, *, criticality: str | None = None
+    folder: Path,
+    port: int,
+    server: str,
+    *,
+    criticality: str | None = None,
+    side_ports: tuple[int, int] | None = None,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """A running ``epp serve`` (4 pods that are never scraped, plaintext, model ``base``) on
-    ``port``, health and metrics on the next two ports, ``--ext-proc-server server``;
-    terminated on exit."""
+    127.0.0.1:``port``, health and metrics on ``side_ports`` (default: the next two ports),
+    ``--ext-proc-server server``; terminated on exit."""
+    health, metrics = side_ports or (port + 1, port + 2)
     pool_file = folder / "pool.yaml"
     pool_file.write_text(pool_text(LONE_ADDRESSES, criticality=criticality))
     argv = [sys.executable, "-m", "endpoint_picker", "serve", "--pool-file", str(pool_file),
-            "--grpc-port", str(port), "--grpc-health-port", str(port + 1),
-            "--metrics-port", str(port + 2), "--refresh-metrics-interval", "1h",
+            "--bind-address", "127.0.0.1", "--grpc-port", str(port),
+            "--grpc-health-port", str(health), "--metrics-port", str(metrics),
+            "--refresh-metrics-interval", "1h",
             "--secure-serving", "false", "--log-level", "error",
             "--ext-proc-server", server]  # fmt: skip
     process = await asyncio.create_subprocess_exec(*argv)
     try:
         yield process
     finally:
-        process.terminate()
+        if process.returncode is None:  # it may have exited on its own (a port taken: exit 2)
+            process.terminate()
         await asyncio.wait_for(process.wait(), 10)

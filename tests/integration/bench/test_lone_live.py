@@ -11,8 +11,9 @@ import grpc
 import orjson
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from endpoint_picker.bench.fleetenvoy import COMPLETION, backend_fleet, default_envoy, free_port
+from endpoint_picker.bench.fleetenvoy import COMPLETION, backend_fleet, default_envoy
 from endpoint_picker.bench.lone import LONE_ADDRESSES, body, headers, lone_epp
+from endpoint_picker.bench.processes import free_ports
 
 PAGE = (
     "# TYPE vllm:num_requests_waiting gauge\n"
@@ -24,9 +25,9 @@ PAGE = (
 
 async def test_lone_epp_routes_one_request(tmp_path: Path) -> None:
     """``lone_epp`` starts ``epp serve`` on its pool; the messages route to one of its pods."""
-    port = free_port()
+    port, health, metrics = free_ports(3, "127.0.0.1")
     async with (
-        lone_epp(tmp_path, port, "h2") as process,
+        lone_epp(tmp_path, port, "h2", side_ports=(health, metrics)) as process,
         grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):
         await asyncio.wait_for(channel.channel_ready(), 20)
