@@ -258,6 +258,7 @@ def _build(
         raise ConfigError(f'"{DEFAULT_DETECTOR}" is not a saturation detector', "<default>")
     scheduler = Scheduler(profiles, handler, observer=observer, record=record)
     plugins = [entry.ref.plugin for entry in built.values()]
+    plugins += context.shared.values()  # shared state listens once, however many plugins use it
     lifecycle = Lifecycle(
         [context.inflight, *(p for p in plugins if isinstance(p, LifecycleListener))],
         [context.inflight, *(p for p in plugins if isinstance(p, PoolListener))],
