@@ -32,6 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED, Finished, Routed
 
@@ -48,6 +49,13 @@ PRIOR_VARIANCE = 1.0  # how far (in seconds per unit) a coefficient may plausibl
 Z_P90 = 1.2816  # the standard normal's 90th percentile
 SMOOTHING = 0.05  # weight of a new sample in the residual and error averages (~20 samples)
 MIN_PREDICTION = 1e-3  # seconds: a prediction is never below this (nor negative)
+
+
+@runtime_checkable
+class PredictorObserver(Protocol):
+    """Where the predictor's error is exported (the EPP's metrics)."""
+
+    def track_latency_predictor(self, errors: Callable[[], Mapping[str, float]]) -> None: ...
 
 
 class OnlineLinear:
@@ -129,6 +137,9 @@ class Prediction:
     ttft_p90: float
     tpot: float
     tpot_p90: float
+    # the share of ``ttft`` that is the request's own uncached prefill (the learned cost per
+    # uncached token times its uncached tokens): how long it holds up the endpoint's others
+    prefill: float = 0.0
 
 
 class _EndpointModel:
@@ -184,7 +195,7 @@ class LatencyPredictor:
     """
 
     __slots__ = (
-        "_ahead", "_clock", "_expected", "_flights", "_forgetting", "_models", "_pooled",
+        "_ahead", "_clock", "_expected", "_flights", "_forgetting", "_live", "_models", "_pooled",
         "_unstarted",
     )  # fmt: skip
 
@@ -200,6 +211,7 @@ class LatencyPredictor:
         self._flights: OrderedDict[str, _Flight] = OrderedDict()
         self._ahead: dict[str, float] = {}  # uncached ktok routed here and not started
         self._unstarted: dict[str, int] = {}
+        self._live: frozenset[str] | None = None  # the pool's endpoints, once told
 
     def _new_model(self) -> _EndpointModel:
         return _EndpointModel(
@@ -227,8 +239,13 @@ class LatencyPredictor:
     ) -> Prediction:
         m = self.model(hostport)
         ttft, tpot = m.ttft.mean(ttft_x), m.tpot.mean(tpot_x)
+        prefill = max(0.0, m.ttft.theta[1]) * ttft_x[1]
         return Prediction(
-            ttft, ttft * m.ttft.quantile_factor(Z_P90), tpot, tpot * m.tpot.quantile_factor(Z_P90)
+            ttft,
+            ttft * m.ttft.quantile_factor(Z_P90),
+            tpot,
+            tpot * m.tpot.quantile_factor(Z_P90),
+            prefill if prefill < ttft else ttft,
         )
 
     def expect(
@@ -247,6 +264,23 @@ class LatencyPredictor:
     def errors(self) -> Mapping[str, float]:
         """Per endpoint with samples: the recent mean absolute relative error of TTFT."""
         return {h: m.error for h, m in self._models.items() if m.errors_seen}
+
+    def describe(self, hostport: str) -> dict[str, Any] | None:
+        """The status page's view of an endpoint's model (None before it has one)."""
+        m = self._models.get(hostport)
+        if m is None:
+            return None
+        return {
+            "ttftSamples": m.ttft.samples,
+            "tpotSamples": m.tpot.samples,
+            "ttftRelativeError": round(m.error, 4) if m.errors_seen else None,
+            "ttftCoefficients": dict(
+                zip(TTFT_FEATURES, (round(t, 6) for t in m.ttft.theta), strict=True)
+            ),
+            "tpotCoefficients": dict(
+                zip(TPOT_FEATURES, (round(t, 6) for t in m.tpot.theta), strict=True)
+            ),
+        }
 
     def samples(self, hostport: str) -> tuple[int, int]:
         m = self._models.get(hostport)
@@ -279,9 +313,9 @@ class LatencyPredictor:
         now = self._clock()
         flight.started_at = now
         self._leave_ahead(flight)
-        if flight.learn_ttft and flight.ttft_x is not None and flight.endpoint in self._models:
+        if flight.learn_ttft and flight.ttft_x is not None and self._is_live(flight.endpoint):
             ttft = now - flight.routed_at
-            m = self._models[flight.endpoint]
+            m = self.model(flight.endpoint)
             predicted = m.ttft.update(flight.ttft_x, ttft)
             self._pooled.ttft.update(flight.ttft_x, ttft)
             if ttft > 0:
@@ -296,16 +330,20 @@ class LatencyPredictor:
             self._leave_ahead(flight)
             return
         tokens = event.output_tokens
-        m = self._models.get(flight.endpoint)
-        if not event.ok or tokens is None or tokens < 2 or flight.tpot_x is None or m is None:
+        if not event.ok or tokens is None or tokens < 2 or flight.tpot_x is None:
             return
-        if not flight.learn_ttft:  # not streamed: the first bytes came at the end
-            return
+        if not flight.learn_ttft or not self._is_live(flight.endpoint):  # not streamed: the
+            return  # first bytes came at the end
+        m = self.model(flight.endpoint)
         tpot = (self._clock() - flight.started_at) / (tokens - 1)
         m.tpot.update(flight.tpot_x, tpot)
         self._pooled.tpot.update(flight.tpot_x, tpot)
 
+    def _is_live(self, hostport: str) -> bool:
+        return self._live is None or hostport in self._live
+
     def on_endpoints(self, hostports: frozenset[str]) -> None:
+        self._live = hostports
         for table in (self._models, self._ahead, self._unstarted):
             for gone in [h for h in table if h not in hostports]:
                 del table[gone]

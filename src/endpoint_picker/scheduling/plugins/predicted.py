@@ -18,13 +18,15 @@ that is left is Critical's).
 
 from __future__ import annotations
 
+import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 from endpoint_picker.errors import ConfigError
-from endpoint_picker.requests import LLMRequest
+from endpoint_picker.requests import LLMRequest, priority_of
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed, remember
-from endpoint_picker.scheduling.predictor import LatencyPredictor, Prediction
+from endpoint_picker.scheduling.predictor import LatencyPredictor, Prediction, PredictorObserver
 from endpoint_picker.scheduling.prefix import (
     CHARS_PER_TOKEN,
     PrefixIndex,
@@ -38,6 +40,8 @@ TTFT_HEADER = "x-slo-ttft-ms"
 TPOT_HEADER = "x-slo-tpot-ms"
 MAX_OBJECTIVE_MS = 3_600_000  # an hour: a larger header value is ignored as malformed
 PROMPT_CHARS = 512 * 1024  # prompt characters counted (about 128k tokens); hashing stops sooner
+OBJECTIVE_WINDOW = 30.0  # seconds an objective seen on a request holds for its band
+MAX_PRIORITIES = 64
 _SHARED_KEY = "predicted-latency"
 _TYPICAL_SMOOTHING = 0.02
 
@@ -53,6 +57,15 @@ def header_objectives(headers: Mapping[str, str]) -> tuple[float | None, float |
     return out[0], out[1]
 
 
+def request_objectives(request: LLMRequest) -> tuple[float | None, float | None]:
+    """(TTFT, TPOT) objectives in seconds: the headers', else for TPOT the seed's per-model (or
+    InferenceObjective's) latency per output token, which bounds TPOT from above."""
+    ttft, tpot = header_objectives(request.headers) if request.headers else (None, None)
+    if tpot is None and request.latency_objective is not None:
+        tpot = request.latency_objective
+    return ttft, tpot
+
+
 Features = tuple[tuple[float, ...], tuple[float, ...]]  # (TTFT's, TPOT's)
 
 
@@ -63,7 +76,7 @@ class PredictionSource:
 
     __slots__ = (
         "_block_chars", "_block_tokens", "_capacity", "_fallback", "_hashes", "_inflight",
-        "_max_blocks", "index", "predictor", "typical_ktok",
+        "_max_blocks", "_objectives", "index", "predictor", "typical_ktok",
     )  # fmt: skip
 
     def __init__(
@@ -85,6 +98,9 @@ class PredictionSource:
         self._capacity: dict[str, int] = {}
         self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self.typical_ktok = 0.0  # recent mean of routed requests' uncached prompt (ktok)
+        # per priority: the tightest (TTFT, TPOT) objectives of its recent requests, with when
+        # each was last seen (priorities come from the config: bounded, and capped anyway)
+        self._objectives: dict[int, list[float]] = {}
 
     @classmethod
     def shared(cls, ctx: PluginContext) -> PredictionSource:
@@ -93,6 +109,8 @@ class PredictionSource:
         if not isinstance(source, PredictionSource):
             source = cls(LatencyPredictor(ctx.clock), ctx.inflight)
             ctx.shared[_SHARED_KEY] = source
+            if isinstance(ctx.observer, PredictorObserver):
+                ctx.observer.track_latency_predictor(source.predictor.errors)
         return source
 
     def features(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> list[Features]:
@@ -113,6 +131,33 @@ class PredictionSource:
             self._note_capacity(e)
         self.predictor.expect(request.request_id, dict(zip(hostports, out, strict=True)))
         return out
+
+    def note_objectives(
+        self, priority: int, ttft: float | None, tpot: float | None, now: float
+    ) -> None:
+        """A request of ``priority`` carried these objectives (seconds)."""
+        entry = self._objectives.get(priority)
+        if entry is None:
+            if len(self._objectives) >= MAX_PRIORITIES:
+                return
+            entry = self._objectives[priority] = [math.inf, 0.0, math.inf, 0.0]
+        for i, value in ((0, ttft), (2, tpot)):
+            if value is None:
+                continue
+            if value <= entry[i] or now - entry[i + 1] > OBJECTIVE_WINDOW:
+                entry[i] = value  # tighter, or the tightest one expired: the latest
+            if value <= entry[i]:
+                entry[i + 1] = now
+
+    def objectives(self, priority: int, now: float) -> tuple[float | None, float | None]:
+        """The tightest (TTFT, TPOT) objectives of ``priority``'s requests seen within
+        ``OBJECTIVE_WINDOW``."""
+        entry = self._objectives.get(priority)
+        if entry is None:
+            return None, None
+        ttft = entry[0] if now - entry[1] <= OBJECTIVE_WINDOW else None
+        tpot = entry[2] if now - entry[3] <= OBJECTIVE_WINDOW else None
+        return ttft, tpot
 
     def typical_features(self, e: EndpointState, unloaded: bool = False) -> Features:
         """A typical request's features on ``e`` (the recent mean uncached prompt), as the pool
@@ -176,11 +221,20 @@ class PredictedLatencyScorer:
     """``best cost / cost`` per endpoint, cost = predicted TTFT + ``tpotWeight`` x TPOT; with
     an objective, endpoints predicted (P90) to meet it score in [0.5, 1], the others below."""
 
-    __slots__ = ("_source", "_tpot_weight", "request_headers")
+    __slots__ = ("_clock", "_others", "_source", "_tpot_weight", "request_headers")
 
-    def __init__(self, source: PredictionSource, tpot_weight: float = 1.0) -> None:
+    def __init__(
+        self,
+        source: PredictionSource,
+        tpot_weight: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        others_weight: float = 1.0,
+    ) -> None:
         self._source = source
         self._tpot_weight = tpot_weight
+        self._others = others_weight
+        self._clock = clock
         self.request_headers = frozenset({TTFT_HEADER, TPOT_HEADER})
 
     @classmethod
@@ -188,6 +242,8 @@ class PredictedLatencyScorer:
         return cls(
             PredictionSource.shared(ctx),
             params.number("tpotWeight", 1.0, minimum=0.0, maximum=10_000.0),
+            ctx.clock,
+            others_weight=params.number("othersWeight", 1.0, minimum=0.0, maximum=10_000.0),
         )
 
     @property
@@ -200,12 +256,18 @@ class PredictedLatencyScorer:
         predictions = [
             source.predict(e.hostport, f) for e, f in zip(endpoints, features, strict=True)
         ]
-        w = self._tpot_weight
-        costs = [p.ttft + w * p.tpot for p in predictions]
-        ttft_objective, tpot_objective = header_objectives(request.headers)
+        w, others = self._tpot_weight, self._others
+        # The request's own prefill also holds up every request waiting or running there (one
+        # longer step each): the latency it adds to the others, in seconds, counts too.
+        costs = [
+            p.ttft + w * p.tpot + others * p.prefill * 10.0 * (x[3] + x[4])
+            for p, (x, _) in zip(predictions, features, strict=True)
+        ]
+        ttft_objective, tpot_objective = request_objectives(request)
         if ttft_objective is None and tpot_objective is None:
             best = min(costs)
             return [best / c for c in costs]
+        source.note_objectives(priority_of(request), ttft_objective, tpot_objective, self._clock())
         meets = [
             (ttft_objective is None or p.ttft_p90 <= ttft_objective)
             and (tpot_objective is None or p.tpot_p90 <= tpot_objective)
@@ -267,15 +329,20 @@ class PredictedLatencyDetector:
     def with_room_for(
         self, candidates: Sequence[EndpointState], priority: int
     ) -> Sequence[EndpointState]:
-        factor = self._critical if priority > 0 else self._factor
-        oldest = self._clock() - self._staleness
+        now = self._clock()
+        oldest = now - self._staleness
+        critical = priority > 0
+        factor = self._critical if critical else self._factor
         source = self._source
+        ttft_objective, tpot_objective = source.objectives(priority, now)
         room = []
         for e in candidates:
             if e.metrics.updated_at < oldest:
                 continue  # an endpoint we cannot see may be drowning
-            now = source.predict(e.hostport, source.typical_features(e))
-            idle = source.predict(e.hostport, source.typical_features(e, unloaded=True))
-            if now.ttft_p90 <= factor * idle.ttft_p90:
+            p = source.predict(e.hostport, source.typical_features(e))
+            bound = factor * source.predict(e.hostport, source.typical_features(e, True)).ttft_p90
+            if ttft_objective is not None:  # Critical: its own; the others: never looser
+                bound = ttft_objective if critical else min(bound, ttft_objective)
+            if p.ttft_p90 <= bound and (tpot_objective is None or p.tpot_p90 <= tpot_objective):
                 room.append(e)
         return room
