@@ -52,6 +52,7 @@ from endpoint_picker.status import (
     CachedReviews,
     DecisionLog,
     MetricsServer,
+    PredictorRows,
     ReloadingTls,
     StaticTokens,
     StatusView,
@@ -147,6 +148,7 @@ class App:
         self.decisions = DecisionLog()  # the status page's recent decisions and refusals
         self._stopping = asyncio.Event()
         self.flow: FlowController[RoutingDecision] | None = None  # with the flowControl gate
+        self._predictor: PredictorRows | None = None  # with a predicted-latency plugin
         self.ports = BoundPorts(0, 0, 0)
         self._draining = False
         self._source: PoolFileSource | None = None
@@ -322,6 +324,7 @@ class App:
         )
         lifecycle = components.lifecycle
         self.inflight = components.inflight  # the EPP's own in-flight count (tests, status)
+        self._predictor = components.latency_predictor  # the status page's per-endpoint rows
         flow_config = config.flow_control if config is not None else None
         if flow_config is not None:
             room, datastore = room_finder(components.saturation_detector), self.datastore
@@ -493,6 +496,7 @@ class App:
             flow=self.flow,
             refresh_interval=self._refresh_interval,
             clock=self._clock,
+            predictor=self._predictor if routers is None else None,
         )
         render = self.metrics.render
         if routers is not None:  # one view: the parent's families with the workers' summed in

@@ -62,6 +62,12 @@ class QueueSizes(Protocol):
     def waiting_in(self, priority: int) -> int: ...
 
 
+class PredictorRows(Protocol):
+    """The latency predictor's view of one endpoint (None: no model for it yet)."""
+
+    def describe(self, hostport: str) -> dict[str, Any] | None: ...
+
+
 class Health(Protocol):
     """Readiness (the gRPC health service's truth) and why a ready EPP is degraded, if it is."""
 
@@ -86,6 +92,7 @@ class StatusView:
     refresh_interval: Callable[[], float] | None = None
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
+    predictor: PredictorRows | None = None  # with a predicted-latency plugin
 
     def snapshot(self) -> dict[str, Any]:
         state = self.pool.state
@@ -151,6 +158,9 @@ class StatusView:
             "stale": age is None or age > self.staleness_threshold,
             "unreachable": shown(unreachable) if unreachable is not None else None,
             "inFlight": self.inflight.count(endpoint.hostport),
+            "predictor": (
+                self.predictor.describe(endpoint.hostport) if self.predictor is not None else None
+            ),
         }
 
     def _flow_control(self, state: PoolState | None) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ Existing dashboards query these names, label sets and buckets. Each app owns one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,28 @@ class _PoolCollector(Collector):
             if stats is not None:
                 family.add_metric([stats.name], value(stats))
             yield family
+
+
+class _PredictorCollector(Collector):
+    """The latency predictor's recent TTFT error per endpoint, read at scrape time (endpoints
+    that left the pool are gone from it, so the label set is the pool's)."""
+
+    NAME = "inference_extension_latency_predictor_ttft_relative_error"
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Mapping[str, float]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            self.NAME,
+            "Recent mean absolute relative error of the predicted time to first token, per "
+            "endpoint (exponentially weighted over about 20 samples).",
+            labels=["endpoint"],
+        )
+        if self.read is not None:
+            for endpoint, error in sorted(self.read().items()):
+                family.add_metric([endpoint], error)
+        yield family
 
 
 class _CallbackCounter(Collector):
@@ -356,6 +378,8 @@ class EppMetrics:
         self._invalid_usage_total = _Children(self.invalid_usage_total)
         if pool_stats is not None:
             r.register(_PoolCollector(pool_stats))
+        self._predictor = _PredictorCollector()
+        r.register(self._predictor)
         # The pool source (datastore/sources/file.py) reports each settled change it handles.
         self.pool_reload_total = Counter(
             "inference_extension_pool_reload",
@@ -497,6 +521,11 @@ class EppMetrics:
 
     def track_prefix_index(self, size: Callable[[], float]) -> None:
         self.prefix_indexer_size.set_function(size)
+
+    # -- the latency predictor's observer (scheduling.predictor) -----------------------------
+
+    def track_latency_predictor(self, errors: Callable[[], Mapping[str, float]]) -> None:
+        self._predictor.read = errors
 
     # -- flow control's observer (flowcontrol.FlowObserver) ------------------------------------
 
