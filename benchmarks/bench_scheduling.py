@@ -88,12 +88,18 @@ def measure(
     request = LLMRequest("bench", Api.COMPLETIONS, "lora-3", b"{}", body, target_model="lora-3")
     schedule, detect = parts.scheduler.schedule, parts.saturation_detector.is_saturated
     clock = time.perf_counter_ns
-    for _ in range(iterations // 10):  # warm up
-        schedule(request, pool)
+    # With a prompt, each cycle is a new request (its prompt hashed once, as in serving);
+    # without, one request again and again.
+    requests = [
+        replace(request, request_id=f"bench-{i}") if prompt_chars else request
+        for i in range(iterations)
+    ]
+    for r in requests[: iterations // 10]:  # warm up
+        schedule(r, pool)
     samples: list[int] = []
-    for _ in range(iterations):
+    for r in requests:
         start = clock()
-        schedule(request, pool)
+        schedule(r, pool)
         samples.append(clock() - start)
     busy = [EndpointState(e.endpoint, replace(e.metrics, waiting_queue_size=50)) for e in pool]
     sat: list[int] = []

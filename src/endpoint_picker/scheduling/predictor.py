@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+from operator import mul
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,9 +91,7 @@ class OnlineLinear:
         self.log_mean, self.log_var = other.log_mean, other.log_var
 
     def mean(self, x: Sequence[float]) -> float:
-        total = 0.0
-        for t, v in zip(self.theta, x, strict=True):
-            total += t * v
+        total: float = sum(map(mul, self.theta, x))
         return total if total > MIN_PREDICTION else MIN_PREDICTION
 
     def quantile_factor(self, z: float) -> float:
@@ -101,30 +100,28 @@ class OnlineLinear:
 
     def update(self, x: Sequence[float], y: float) -> float:
         """Learn one sample; return the prediction it was compared with (before the update)."""
-        predicted = self.mean(x)
-        residual = math.log(max(y, MIN_PREDICTION) / predicted)
-        delta = residual - self.log_mean
+        theta = self.theta
+        raw: float = sum(map(mul, theta, x))
+        predicted = raw if raw > MIN_PREDICTION else MIN_PREDICTION
+        delta = math.log(max(y, MIN_PREDICTION) / predicted) - self.log_mean
         self.log_mean += SMOOTHING * delta
         self.log_var = (1.0 - SMOOTHING) * (self.log_var + SMOOTHING * delta * delta)
-        d = len(x)
         p = self.p
-        px = [sum(p[i][j] * x[j] for j in range(d)) for i in range(d)]
+        px = [sum(map(mul, row, x)) for row in p]  # P x (P is symmetric)
         lam = self._forgetting
-        denominator = lam + sum(x[i] * px[i] for i in range(d))
-        gain = [v / denominator for v in px]
-        error = y - sum(t * v for t, v in zip(self.theta, x, strict=True))
-        self.theta = [t + g * error for t, g in zip(self.theta, gain, strict=True)]
-        for i in range(d):
-            row = p[i]
-            gi = gain[i]
-            for j in range(d):
-                row[j] = (row[j] - gi * px[j]) / lam
-        trace = sum(p[i][i] for i in range(d))
+        scale = 1.0 / (lam + sum(map(mul, x, px)))
+        error = (y - raw) * scale
+        self.theta = [t + v * error for t, v in zip(theta, px, strict=True)]
+        inv = 1.0 / lam
+        # P <- (P - g (P x)^T) / lambda, with g = P x / (lambda + x^T P x)
+        self.p = p = [
+            [(a - gi * b) * inv for a, b in zip(row, px, strict=True)]
+            for row, gi in zip(p, [v * scale for v in px], strict=True)
+        ]
+        trace = sum(p[i][i] for i in range(len(p)))
         if trace > self._max_trace:
-            scale = self._max_trace / trace
-            for row in p:
-                for j in range(d):
-                    row[j] *= scale
+            shrink = self._max_trace / trace
+            self.p = [[a * shrink for a in row] for row in p]
         self.samples += 1
         return predicted
 
@@ -247,6 +244,18 @@ class LatencyPredictor:
             tpot * m.tpot.quantile_factor(Z_P90),
             prefill if prefill < ttft else ttft,
         )
+
+    def means(
+        self, hostport: str, ttft_x: Sequence[float], tpot_x: Sequence[float]
+    ) -> tuple[float, float, float]:
+        """``predict``'s (TTFT, TPOT, prefill) means alone: the cheap path every pick takes."""
+        m = self._models.get(hostport) or self.model(hostport)
+        theta = m.ttft.theta
+        ttft: float = sum(map(mul, theta, ttft_x))
+        tpot: float = sum(map(mul, m.tpot.theta, tpot_x))
+        ttft = ttft if ttft > MIN_PREDICTION else MIN_PREDICTION
+        prefill = theta[1] * ttft_x[1] if theta[1] > 0.0 else 0.0
+        return ttft, tpot if tpot > MIN_PREDICTION else MIN_PREDICTION, min(prefill, ttft)
 
     def expect(
         self, request_id: str, features: dict[str, tuple[tuple[float, ...], tuple[float, ...]]]

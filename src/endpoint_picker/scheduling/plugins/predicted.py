@@ -75,7 +75,7 @@ class PredictionSource:
     many plugins share it)."""
 
     __slots__ = (
-        "_block_chars", "_block_tokens", "_capacity", "_fallback", "_hashes", "_inflight",
+        "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback", "_hashes", "_inflight",
         "_max_blocks", "_objectives", "index", "predictor", "typical_ktok",
     )  # fmt: skip
 
@@ -96,6 +96,7 @@ class PredictionSource:
         self._fallback = lru_capacity
         self.index = PrefixIndex()
         self._capacity: dict[str, int] = {}
+        self._candidates: Sequence[EndpointState] = ()  # of the last request scored
         self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self.typical_ktok = 0.0  # recent mean of routed requests' uncached prompt (ktok)
         # per priority: the tightest (TTFT, TPOT) objectives of its recent requests, with when
@@ -127,8 +128,7 @@ class PredictionSource:
             self._load_features(e, max(0.0, prompt_ktok - m * block_ktok))
             for e, m in zip(endpoints, matched, strict=True)
         ]
-        for e in endpoints:
-            self._note_capacity(e)
+        self._candidates = endpoints  # the routed one's capacity is read on routing
         self.predictor.expect(request.request_id, dict(zip(hostports, out, strict=True)))
         return out
 
@@ -185,19 +185,24 @@ class PredictionSource:
     def predict(self, hostport: str, features: Features) -> Prediction:
         return self.predictor.predict(hostport, features[0], features[1])
 
-    def _note_capacity(self, e: EndpointState) -> None:
-        m = e.metrics
-        if m.num_gpu_blocks and m.block_size:
-            tokens = m.num_gpu_blocks * m.block_size
-            self._capacity[e.hostport] = max(1, tokens // self._block_tokens)
+    def _capacity_of(self, hostport: str) -> int:
+        """The endpoint's prefix-index capacity in blocks: from the metrics it reported among
+        the candidates last scored, else as known, else the fallback."""
+        for e in self._candidates:
+            if e.hostport == hostport:
+                m = e.metrics
+                if m.num_gpu_blocks and m.block_size:
+                    tokens = m.num_gpu_blocks * m.block_size
+                    self._capacity[hostport] = max(1, tokens // self._block_tokens)
+                break
+        return self._capacity.get(hostport, self._fallback)
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def on_routed(self, event: Routed) -> None:
         hashes = self._hashes.pop(event.request.request_id, None)
         if hashes:
-            capacity = self._capacity.get(event.endpoint, self._fallback)
-            self.index.insert(event.endpoint, hashes, capacity)
+            self.index.insert(event.endpoint, hashes, self._capacity_of(event.endpoint))
         self.predictor.on_routed(event)
         flight_ktok = self.predictor.routed_uncached(event.request.request_id)
         if flight_ktok is not None:
@@ -253,21 +258,22 @@ class PredictedLatencyScorer:
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         source = self._source
         features = source.features(request, endpoints)
-        predictions = [
-            source.predict(e.hostport, f) for e, f in zip(endpoints, features, strict=True)
-        ]
+        means = source.predictor.means
         w, others = self._tpot_weight, self._others
         # The request's own prefill also holds up every request waiting or running there (one
         # longer step each): the latency it adds to the others, in seconds, counts too.
-        costs = [
-            p.ttft + w * p.tpot + others * p.prefill * 10.0 * (x[3] + x[4])
-            for p, (x, _) in zip(predictions, features, strict=True)
-        ]
+        costs = []
+        for e, (x, tx) in zip(endpoints, features, strict=True):
+            ttft, tpot, prefill = means(e.hostport, x, tx)
+            costs.append(ttft + w * tpot + others * prefill * 10.0 * (x[3] + x[4]))
         ttft_objective, tpot_objective = request_objectives(request)
         if ttft_objective is None and tpot_objective is None:
             best = min(costs)
             return [best / c for c in costs]
         source.note_objectives(priority_of(request), ttft_objective, tpot_objective, self._clock())
+        predictions = [
+            source.predict(e.hostport, f) for e, f in zip(endpoints, features, strict=True)
+        ]
         meets = [
             (ttft_objective is None or p.ttft_p90 <= ttft_objective)
             and (tpot_objective is None or p.tpot_p90 <= tpot_objective)
