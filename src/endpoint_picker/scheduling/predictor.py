@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import math
 import time
-from operator import mul
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import mul
 from typing import Any, Protocol, runtime_checkable
 
 from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED, Finished, Routed
