@@ -75,8 +75,8 @@ class PredictionSource:
     many plugins share it)."""
 
     __slots__ = (
-        "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback", "_hashes", "_inflight",
-        "_max_blocks", "_objectives", "index", "predictor", "typical_ktok",
+        "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback", "_hashes",
+        "_inflight", "_max_blocks", "_objectives", "index", "predictor", "typical_ktok",
     )  # fmt: skip
 
     def __init__(
