@@ -236,3 +236,17 @@ def test_a_miss_counts_the_delay_its_prefill_adds_to_the_requests_already_there(
     scorer = PredictedLatencyScorer(source, others_weight=others_weight)
     scores = scorer.score(completion(), [cached, idle])
     assert ("cached" if scores[0] > scores[1] else "idle") == winner
+
+
+def test_a_new_prefix_goes_where_placement_puts_it_among_equal_costs() -> None:
+    """Idle endpoints, no prefix held: every replica's scorer prefers the same endpoint (the
+    rendezvous winner of the prompt's first block), whatever the candidates' order."""
+    endpoints = [endpoint() for _ in range(4)]
+    request = completion()
+    winners = set()
+    for order in (endpoints, endpoints[::-1], endpoints[1:] + endpoints[:1]):
+        source = source_with(PREFILL_BOUND, endpoints)
+        scores = PredictedLatencyScorer(source).score(request, order)
+        winners.add(order[max(range(4), key=scores.__getitem__)].hostport)
+        assert sorted(scores)[-2] < 1.0  # one winner, not a tie
+    assert len(winners) == 1

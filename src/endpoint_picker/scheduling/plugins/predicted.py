@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.requests import LLMRequest, priority_of
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed, remember
+from endpoint_picker.scheduling.placement import Placement
 from endpoint_picker.scheduling.predictor import LatencyPredictor, Prediction, PredictorObserver
 from endpoint_picker.scheduling.prefix import (
     CHARS_PER_TOKEN,
@@ -40,6 +41,7 @@ TTFT_HEADER = "x-slo-ttft-ms"
 TPOT_HEADER = "x-slo-tpot-ms"
 MAX_OBJECTIVE_MS = 3_600_000  # an hour: a larger header value is ignored as malformed
 PROMPT_CHARS = 512 * 1024  # prompt characters counted (about 128k tokens); hashing stops sooner
+PLACEMENT_PREFERENCE = 0.05  # a new prefix's placed endpoint wins within 5% of the best cost
 OBJECTIVE_WINDOW = 30.0  # seconds an objective seen on a request holds for its band
 MAX_PRIORITIES = 64
 _SHARED_KEY = "predicted-latency"
@@ -76,7 +78,8 @@ class PredictionSource:
 
     __slots__ = (
         "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback", "_hashes",
-        "_inflight", "_max_blocks", "_objectives", "index", "predictor", "typical_ktok",
+        "_inflight", "_max_blocks", "_objectives", "_placement", "index", "placed", "predictor",
+        "typical_ktok",
     )  # fmt: skip
 
     def __init__(
@@ -97,6 +100,10 @@ class PredictionSource:
         self.index = PrefixIndex()
         self._capacity: dict[str, int] = {}
         self._candidates: Sequence[EndpointState] = ()  # of the last request scored
+        self._placement = Placement()
+        # the candidate (index) that rendezvous hashing of the prompt's first block names, for
+        # the request last featured when no candidate holds any of its blocks; else None
+        self.placed: int | None = None
         self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self.typical_ktok = 0.0  # recent mean of routed requests' uncached prompt (ktok)
         # per priority: the tightest (TTFT, TPOT) objectives of its recent requests, with when
@@ -123,6 +130,9 @@ class PredictionSource:
         remember(self._hashes, request.request_id, hashes)
         hostports = [e.hostport for e in endpoints]
         matched = self.index.match(hashes, hostports) if hashes else [0] * len(hostports)
+        self.placed = (
+            self._placement.pick(hashes[0], hostports) if hashes and not any(matched) else None
+        )
         block_ktok = self._block_tokens / 1000.0
         out = [
             self._load_features(e, max(0.0, prompt_ktok - m * block_ktok))
@@ -266,6 +276,8 @@ class PredictedLatencyScorer:
         for e, (x, tx) in zip(endpoints, features, strict=True):
             ttft, tpot, prefill = means(e.hostport, x, tx)
             costs.append(ttft + w * tpot + others * prefill * 10.0 * (x[3] + x[4]))
+        if source.placed is not None:  # a new prefix: near-equal costs go where every replica
+            costs[source.placed] *= 1.0 - PLACEMENT_PREFERENCE  # would send it (placement.py)
         ttft_objective, tpot_objective = request_objectives(request)
         if ttft_objective is None and tpot_objective is None:
             best = min(costs)
