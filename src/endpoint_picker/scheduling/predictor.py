@@ -49,6 +49,9 @@ TPOT_PRIOR = (0.015, 0.002, 0.002, 0.0)
 PRIOR_VARIANCE = 1.0  # how far (in seconds per unit) a coefficient may plausibly be from its prior
 Z_P90 = 1.2816  # the standard normal's 90th percentile
 SMOOTHING = 0.05  # weight of a new sample in the residual and error averages (~20 samples)
+# the pooled model (a new endpoint's start) learns from every POOLED_EVERY-th sample of each
+# endpoint: a prior needs no more, and each update costs as much as the endpoint's own
+POOLED_EVERY = 4
 MIN_PREDICTION = 1e-3  # seconds: a prediction is never below this (nor negative)
 
 
@@ -326,7 +329,8 @@ class LatencyPredictor:
             ttft = now - flight.routed_at
             m = self.model(flight.endpoint)
             predicted = m.ttft.update(flight.ttft_x, ttft)
-            self._pooled.ttft.update(flight.ttft_x, ttft)
+            if m.ttft.samples % POOLED_EVERY == 0:
+                self._pooled.ttft.update(flight.ttft_x, ttft)
             if ttft > 0:
                 m.error += SMOOTHING * (abs(ttft - predicted) / ttft - m.error)
                 m.errors_seen += 1
@@ -346,7 +350,8 @@ class LatencyPredictor:
         m = self.model(flight.endpoint)
         tpot = (self._clock() - flight.started_at) / (tokens - 1)
         m.tpot.update(flight.tpot_x, tpot)
-        self._pooled.tpot.update(flight.tpot_x, tpot)
+        if m.tpot.samples % POOLED_EVERY == 0:
+            self._pooled.tpot.update(flight.tpot_x, tpot)
 
     def _is_live(self, hostport: str) -> bool:
         return self._live is None or hostport in self._live
