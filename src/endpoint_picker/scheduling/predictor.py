@@ -52,6 +52,8 @@ SMOOTHING = 0.05  # weight of a new sample in the residual and error averages (~
 # the pooled model (a new endpoint's start) learns from every POOLED_EVERY-th sample of each
 # endpoint: a prior needs no more, and each update costs as much as the endpoint's own
 POOLED_EVERY = 4
+FAST_QUANTILE = 0.1  # the "unloaded" floor: this quantile of an endpoint's observed TTFT
+FAST_STEP = 0.05
 MIN_PREDICTION = 1e-3  # seconds: a prediction is never below this (nor negative)
 
 
@@ -143,13 +145,21 @@ class Prediction:
 
 
 class _EndpointModel:
-    __slots__ = ("error", "errors_seen", "tpot", "ttft")
+    __slots__ = ("error", "errors_seen", "fast", "tpot", "ttft")
 
     def __init__(self, ttft: OnlineLinear, tpot: OnlineLinear) -> None:
         self.ttft = ttft
         self.tpot = tpot
         self.error = 0.0  # EW mean absolute relative error of TTFT
         self.errors_seen = 0
+        self.fast = 0.0  # a running estimate of the 10th percentile of observed TTFT
+
+    def observe_fast(self, ttft: float) -> None:
+        """Move the 10th-percentile estimate (a stochastic quantile step, relative in size)."""
+        if self.fast <= 0.0:
+            self.fast = ttft
+        else:
+            self.fast *= 1.0 + FAST_STEP * (FAST_QUANTILE - (1.0 if ttft < self.fast else 0.0))
 
 
 class _Flight:
@@ -268,6 +278,13 @@ class LatencyPredictor:
         if len(self._expected) > REQUESTS_REMEMBERED:
             self._expected.popitem(last=False)
 
+    def fast_ttft(self, hostport: str) -> float:
+        """About the 10th percentile of the TTFT observed on ``hostport`` lately (0: none):
+        a floor under the regression's extrapolation to an unloaded endpoint, which a fit of
+        a busy endpoint can put too low (even below zero, clamped)."""
+        m = self._models.get(hostport)
+        return m.fast if m is not None else 0.0
+
     def routed_uncached(self, request_id: str) -> float | None:
         """The uncached prompt (ktok) a routed request was predicted with, if it was."""
         flight = self._flights.get(request_id)
@@ -331,6 +348,7 @@ class LatencyPredictor:
             predicted = m.ttft.update(flight.ttft_x, ttft)
             if m.ttft.samples % POOLED_EVERY == 0:
                 self._pooled.ttft.update(flight.ttft_x, ttft)
+            m.observe_fast(ttft)
             if ttft > 0:
                 m.error += SMOOTHING * (abs(ttft - predicted) / ttft - m.error)
                 m.errors_seen += 1

@@ -250,3 +250,16 @@ def test_a_new_prefix_goes_where_placement_puts_it_among_equal_costs() -> None:
         winners.add(order[max(range(4), key=scores.__getitem__)].hostport)
         assert sorted(scores)[-2] < 1.0  # one winner, not a tie
     assert len(winners) == 1
+
+
+def test_the_unloaded_bound_is_floored_by_the_fastest_observed_first_tokens() -> None:
+    """A fit whose intercept came out near zero would call any load "2x unloaded"; the bound
+    is at least factor x about the 10th percentile of the endpoint's observed TTFT."""
+    e = endpoint(queue=1)
+    source = source_with((0.0, 0.0, 0.0, 0.3, 0.0, 0.0), [e])  # unloaded: the 1 ms clamp
+    source.predictor.model(e.hostport).ttft.log_var = 0.0
+    d = detector(source)
+    assert d.with_room_for([e], 0) == []  # 30 ms against 1.5 x 1 ms
+    for ttft in [0.025] * 50:  # first tokens seen in 25 ms
+        source.predictor.model(e.hostport).observe_fast(ttft)
+    assert d.with_room_for([e], 0) == [e]  # 30 ms within 1.5 x 25 ms

@@ -12,8 +12,9 @@ The detector judges a priority band by a *typical* request (the recent mean of r
 prompt tokens, uncached): an endpoint has room for a band when that request's predicted TTFT P90
 there is within the band's objective; the pool is saturated for the band when no endpoint has.
 Without an objective set, Critical's is ``criticalFactor`` x the request's predicted TTFT on the
-same endpoint unloaded, and lower bands' ``factor`` x that (smaller: they stop first, so the room
-that is left is Critical's).
+same endpoint unloaded (at least the endpoint's fastest observed first tokens, about their 10th
+percentile), and lower bands' ``factor`` x that (smaller: they stop first, so the room that is
+left is Critical's).
 """
 
 from __future__ import annotations
@@ -322,8 +323,8 @@ class PredictedLatencyDetector:
 
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> PredictedLatencyDetector:
-        factor = params.number("factor", 1.5, minimum=1.0, maximum=1000.0)
-        critical = params.number("criticalFactor", 2.0, minimum=1.0, maximum=1000.0)
+        factor = params.number("factor", 2.0, minimum=1.0, maximum=1000.0)
+        critical = params.number("criticalFactor", 3.0, minimum=1.0, maximum=1000.0)
         if critical < factor:
             raise ConfigError(
                 f"must be at least factor ({factor:g}): Critical requests never get less room "
@@ -358,7 +359,8 @@ class PredictedLatencyDetector:
             if e.metrics.updated_at < oldest:
                 continue  # an endpoint we cannot see may be drowning
             p = source.predict(e.hostport, source.typical_features(e))
-            bound = factor * source.predict(e.hostport, source.typical_features(e, True)).ttft_p90
+            unloaded = source.predict(e.hostport, source.typical_features(e, True)).ttft_p90
+            bound = factor * max(unloaded, source.predictor.fast_ttft(e.hostport))
             if ttft_objective is not None:  # Critical: its own; the others: never looser
                 bound = ttft_objective if critical else min(bound, ttft_objective)
             if p.ttft_p90 <= bound and (tpot_objective is None or p.tpot_p90 <= tpot_objective):
