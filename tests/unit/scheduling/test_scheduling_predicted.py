@@ -263,3 +263,12 @@ def test_the_unloaded_bound_is_floored_by_the_fastest_observed_first_tokens() ->
     for ttft in [0.025] * 50:  # first tokens seen in 25 ms
         source.predictor.model(e.hostport).observe_fast(ttft)
     assert d.with_room_for([e], 0) == [e]  # 30 ms within 1.5 x 25 ms
+
+
+def test_the_configured_detector_keeps_waiting_in_the_epp() -> None:
+    """Built from config, an endpoint with a request waiting has no room (queueDepthThreshold 0
+    by default), however good its prediction: requests wait in flow control's priority queues,
+    not in a server's first-come queue."""
+    components = build(HEADER + "plugins:\n- type: predicted-latency-detector\n")
+    queued, idle = endpoint(queue=1), endpoint()
+    assert components.saturation_detector.with_room([queued, idle]) == [idle]  # type: ignore[attr-defined]

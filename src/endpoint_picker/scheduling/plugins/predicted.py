@@ -36,6 +36,7 @@ from endpoint_picker.scheduling.prefix import (
     prompt_prefix_text,
 )
 from endpoint_picker.scheduling.registry import Params, PluginContext
+from endpoint_picker.scheduling.saturation import UtilizationDetector
 from endpoint_picker.types import EndpointState, ascii_int
 
 TTFT_HEADER = "x-slo-ttft-ms"
@@ -304,7 +305,7 @@ class PredictedLatencyDetector:
     """Per priority band: room on an endpoint while a typical request's predicted TTFT P90 there
     is within the band's objective (see the module docstring)."""
 
-    __slots__ = ("_clock", "_critical", "_factor", "_source", "_staleness")
+    __slots__ = ("_clock", "_critical", "_factor", "_source", "_staleness", "_utilization")
 
     def __init__(
         self,
@@ -314,7 +315,10 @@ class PredictedLatencyDetector:
         critical_factor: float,
         staleness: float,
         clock: Callable[[], float],
+        utilization: UtilizationDetector | None = None,
     ) -> None:
+        """``utilization``: thresholds an endpoint must pass first (the waiting queue, KV)."""
+        self._utilization = utilization
         self._source = source
         self._factor = factor
         self._critical = critical_factor
@@ -331,12 +335,20 @@ class PredictedLatencyDetector:
                 f"than the others, got {critical:g}",
                 params.path("criticalFactor"),
             )
+        staleness = params.duration("metricsStalenessThreshold", 0.2)
         return cls(
             PredictionSource.shared(ctx),
             factor=factor,
             critical_factor=critical,
-            staleness=params.duration("metricsStalenessThreshold", 0.2),
+            staleness=staleness,
             clock=ctx.clock,
+            utilization=UtilizationDetector(
+                queue_depth_threshold=params.number("queueDepthThreshold", 0, minimum=0),
+                kv_cache_util_threshold=params.number("kvCacheUtilThreshold", 1.0, minimum=0),
+                metrics_staleness_threshold=staleness,
+                clock=ctx.clock,
+                inflight=ctx.inflight,
+            ),
         )
 
     def is_saturated(self, candidates: Sequence[EndpointState]) -> bool:
@@ -354,6 +366,8 @@ class PredictedLatencyDetector:
         factor = self._critical if critical else self._factor
         source = self._source
         ttft_objective, tpot_objective = source.objectives(priority, now)
+        if self._utilization is not None:
+            candidates = self._utilization.with_room_for(candidates, priority)
         room = []
         for e in candidates:
             if e.metrics.updated_at < oldest:
