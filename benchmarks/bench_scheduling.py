@@ -15,12 +15,13 @@ import random
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from endpoint_picker.requests import Api, LLMRequest
-from endpoint_picker.scheduling import build_scheduling
+from endpoint_picker.scheduling import build_scheduling, load_config
 from endpoint_picker.settings import SchedulingSettings
 from endpoint_picker.types import Endpoint, EndpointState, MetricsSnapshot
 
@@ -57,7 +58,13 @@ def make_pool(n: int, rng: random.Random, now: float) -> list[EndpointState]:
 
 
 def measure(
-    n: int, iterations: int, fallbacks: int, observer: bool, record: bool = False
+    n: int,
+    iterations: int,
+    fallbacks: int,
+    observer: bool,
+    record: bool = False,
+    config: str | None = None,
+    prompt_chars: int = 0,
 ) -> tuple[float, float, float]:
     """Median and p99 of schedule(), and median of is_saturated(), in microseconds."""
     rng = random.Random(n)
@@ -69,7 +76,7 @@ def measure(
 
         extra["record"] = DecisionLog().record
     parts = build_scheduling(
-        None,
+        load_config(Path(config).read_text(encoding="utf-8")) if config else None,
         settings=SchedulingSettings(max_fallback_endpoints=fallbacks),
         staleness_threshold=2.0,
         clock=lambda: now,  # frozen, so the metrics stay fresh however long the run takes
@@ -77,15 +84,22 @@ def measure(
         observer=NullObserver() if observer else None,
         **extra,
     )
-    request = LLMRequest("bench", Api.COMPLETIONS, "lora-3", b"{}", {}, target_model="lora-3")
+    body = {"prompt": "".join(rng.choice("abcdefgh ") for _ in range(prompt_chars))}
+    request = LLMRequest("bench", Api.COMPLETIONS, "lora-3", b"{}", body, target_model="lora-3")
     schedule, detect = parts.scheduler.schedule, parts.saturation_detector.is_saturated
     clock = time.perf_counter_ns
-    for _ in range(iterations // 10):  # warm up
-        schedule(request, pool)
+    # With a prompt, each cycle is a new request (its prompt hashed once, as in serving);
+    # without, one request again and again.
+    requests = [
+        replace(request, request_id=f"bench-{i}") if prompt_chars else request
+        for i in range(iterations)
+    ]
+    for r in requests[: iterations // 10]:  # warm up
+        schedule(r, pool)
     samples: list[int] = []
-    for _ in range(iterations):
+    for r in requests:
         start = clock()
-        schedule(request, pool)
+        schedule(r, pool)
         samples.append(clock() - start)
     busy = [EndpointState(e.endpoint, replace(e.metrics, waiting_queue_size=50)) for e in pool]
     sat: list[int] = []
@@ -105,16 +119,22 @@ def main() -> None:
     parser.add_argument("--observer", action="store_true", help="time every plugin")
     parser.add_argument("--record", action="store_true", help="keep recent decisions")
     parser.add_argument("--sizes", default="16,256", help="pool sizes, comma-separated")
+    parser.add_argument("--config", help="a scheduler config file (default: the default's)")
+    parser.add_argument("--prompt-chars", type=int, default=0, help="the request's prompt size")
     args = parser.parse_args()
     # Production logs at info: the debug branch must cost nothing.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     print(
-        f"default profile, fallbacks={args.fallbacks}, observer={args.observer}, "
-        f"record={args.record}, {args.iterations} cycles"
+        f"{args.config or 'default profile'}, fallbacks={args.fallbacks}, "
+        f"observer={args.observer}, record={args.record}, prompt {args.prompt_chars} chars, "
+        f"{args.iterations} cycles"
     )
     print(f"{'endpoints':>9}  {'median us':>9}  {'p99 us':>7}  {'saturation (worst) us':>21}")
     for n in (int(size) for size in args.sizes.split(",")):
-        median, p99, sat = measure(n, args.iterations, args.fallbacks, args.observer, args.record)
+        median, p99, sat = measure(
+            n, args.iterations, args.fallbacks, args.observer, args.record, args.config,
+            args.prompt_chars,
+        )  # fmt: skip
         print(f"{n:>9}  {median:>9.1f}  {p99:>7.1f}  {sat:>21.2f}")
 
 

@@ -60,6 +60,7 @@ from endpoint_picker.requests import (
     api_for_path,
     normalize_path,
     parse_request,
+    priority_of,
 )
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult, room_finder
 from endpoint_picker.scheduling.lifecycle import Lifecycle
@@ -89,19 +90,6 @@ def criticality_of_priority(priority: int) -> Criticality:
     if priority < 0:
         return Criticality.SHEDDABLE
     return Criticality.CRITICAL if priority > 0 else Criticality.STANDARD
-
-
-# Criticality as a flow-control priority, where no InferenceObjective gives one.
-_CRITICALITY_PRIORITY = {Criticality.CRITICAL: 1, Criticality.STANDARD: 0,
-                         Criticality.SHEDDABLE: -1}  # fmt: skip
-
-
-def priority_of(request: LLMRequest) -> int:
-    """The request's flow-control priority: its InferenceObjective's, else its criticality's
-    (Critical 1, Standard 0, Sheddable -1: negative is sheddable either way)."""
-    if request.priority is not None:
-        return request.priority
-    return _CRITICALITY_PRIORITY[request.criticality]
 
 
 class PoolReader(Protocol):

@@ -157,3 +157,16 @@ def parse_request(
         headers=headers or {},
         client_request_id=client_request_id,
     )
+
+
+# Criticality as a flow-control priority, where no InferenceObjective gives one.
+_CRITICALITY_PRIORITY = {Criticality.CRITICAL: 1, Criticality.STANDARD: 0,
+                         Criticality.SHEDDABLE: -1}  # fmt: skip
+
+
+def priority_of(request: LLMRequest) -> int:
+    """The request's flow-control priority: its InferenceObjective's, else its criticality's
+    (Critical 1, Standard 0, Sheddable -1: negative is sheddable either way)."""
+    if request.priority is not None:
+        return request.priority
+    return _CRITICALITY_PRIORITY[request.criticality]

@@ -261,6 +261,7 @@ def _status_view(
         engine_label=scrape.engine_label,
         flow=routing.flow if routing is not None else None,
         outliers=routing.outliers if routing is not None else None,
+        predictor=routing.components.latency_predictor if routing is not None else None,
         refresh_interval=parts.feed.refresh_interval,
         clock=parts.clock,
     )

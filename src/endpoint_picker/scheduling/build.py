@@ -47,6 +47,7 @@ from endpoint_picker.scheduling.lifecycle import (
     StartListener,
 )
 from endpoint_picker.scheduling.plugins import SingleProfileHandler, register_builtins
+from endpoint_picker.scheduling.predictor import LatencyPredictor
 from endpoint_picker.scheduling.registry import PluginContext, PluginRegistry
 from endpoint_picker.scheduling.saturation import SaturationDetector
 from endpoint_picker.settings import SchedulingSettings, ScrapeSettings
@@ -72,6 +73,8 @@ class SchedulingComponents:
     # token: the ext_proc stream collects and sets these
     request_headers: frozenset[str] = frozenset()
     session_tokens: bool = False
+    # the latency predictor of the predicted-latency plugins, when configured (status page)
+    latency_predictor: LatencyPredictor | None = None
 
 
 def default_registry() -> PluginRegistry:
@@ -258,6 +261,7 @@ def _build(
         raise ConfigError(f'"{DEFAULT_DETECTOR}" is not a saturation detector', "<default>")
     scheduler = Scheduler(profiles, handler, observer=observer, record=record)
     plugins = [entry.ref.plugin for entry in built.values()]
+    plugins += context.shared.values()  # shared state listens once, however many plugins use it
     lifecycle = Lifecycle(
         [context.inflight, *(p for p in plugins if isinstance(p, LifecycleListener))],
         [context.inflight, *(p for p in plugins if isinstance(p, PoolListener))],
@@ -272,6 +276,14 @@ def _build(
             h for p in plugins for h in getattr(p, "request_headers", frozenset())
         ),
         session_tokens=any(getattr(p, "issues_session_tokens", False) for p in plugins),
+        latency_predictor=next(
+            (
+                predictor
+                for p in context.shared.values()
+                if isinstance(predictor := getattr(p, "predictor", None), LatencyPredictor)
+            ),
+            None,
+        ),
     )
     return _Assembly(components, detector_name, handler_name)
 

@@ -33,6 +33,9 @@ class PluginContext:
     inflight: InFlight = field(default_factory=InFlight)
     # the EPP's metrics, for plugins that report more than their timing (None in tests)
     observer: object | None = None
+    # state plugins of one build share (the latency predictor of ``predicted-latency-*``); a
+    # value that is a lifecycle, start or pool listener is subscribed once by the build
+    shared: dict[str, object] = field(default_factory=dict)
 
     @property
     def max_endpoints(self) -> int:

@@ -16,13 +16,14 @@ from endpoint_picker.status.auth import Authorizer, CachedReviews, StaticTokens
 from endpoint_picker.status.decisions import DecisionLog
 from endpoint_picker.status.server import MetricsServer
 from endpoint_picker.status.tls import ReloadingTls
-from endpoint_picker.status.view import StatusView
+from endpoint_picker.status.view import PredictorRows, StatusView
 
 __all__ = [
     "Authorizer",
     "CachedReviews",
     "DecisionLog",
     "MetricsServer",
+    "PredictorRows",
     "ReloadingTls",
     "StaticTokens",
     "StatusView",

@@ -69,6 +69,12 @@ class Outliers(Protocol):
     def status(self, hostport: str) -> OutlierStatus | None: ...
 
 
+class PredictorRows(Protocol):
+    """The latency predictor's view of one endpoint (None: no model for it yet)."""
+
+    def describe(self, hostport: str) -> dict[str, Any] | None: ...
+
+
 class Health(Protocol):
     """Readiness (the gRPC health service's truth) and why a ready EPP is degraded, if it is."""
 
@@ -94,6 +100,7 @@ class StatusView:
     refresh_interval: Callable[[], float] | None = None
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
+    predictor: PredictorRows | None = None  # with a predicted-latency plugin
 
     def snapshot(self) -> dict[str, Any]:
         state = self.pool.state
@@ -160,6 +167,9 @@ class StatusView:
             "unreachable": shown(unreachable) if unreachable is not None else None,
             "inFlight": self.inflight.count(endpoint.hostport),
             "outlier": self._outlier(endpoint.hostport),
+            "predictor": (
+                self.predictor.describe(endpoint.hostport) if self.predictor is not None else None
+            ),
         }
 
     def _outlier(self, hostport: str) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,6 +195,28 @@ class _EjectedCollector(Collector):
         yield family
 
 
+class _PredictorCollector(Collector):
+    """The latency predictor's recent TTFT error per endpoint, read at scrape time (endpoints
+    that left the pool are gone from it, so the label set is the pool's)."""
+
+    NAME = "inference_extension_latency_predictor_ttft_relative_error"
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Mapping[str, float]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            self.NAME,
+            "Recent mean absolute relative error of the predicted time to first token, per "
+            "endpoint (exponentially weighted over about 20 samples).",
+            labels=["endpoint"],
+        )
+        if self.read is not None:
+            for endpoint, error in sorted(self.read().items()):
+                family.add_metric([endpoint], error)
+        yield family
+
+
 class _CallbackCounter(Collector):
     """A counter whose owner keeps the count: ``read`` at scrape time, absent until set."""
 
@@ -375,6 +397,8 @@ class EppMetrics:
         self._invalid_usage_total = _Children(self.invalid_usage_total)
         if pool_stats is not None:
             r.register(_PoolCollector(pool_stats))
+        self._predictor = _PredictorCollector()
+        r.register(self._predictor)
         # The pool source (datastore/sources/file.py) reports each settled change it handles.
         self.pool_reload_total = Counter(
             "inference_extension_pool_reload",
@@ -535,6 +559,11 @@ class EppMetrics:
 
     def track_prefix_index(self, size: Callable[[], float]) -> None:
         self.prefix_indexer_size.set_function(size)
+
+    # -- the latency predictor's observer (scheduling.predictor) -----------------------------
+
+    def track_latency_predictor(self, errors: Callable[[], Mapping[str, float]]) -> None:
+        self._predictor.read = errors
 
     # -- flow control's observer (flowcontrol.FlowObserver) ------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from endpoint_picker.datastore import (
     ClusterState,
     Datastore,
@@ -12,6 +14,9 @@ from endpoint_picker.datastore import (
 )
 from endpoint_picker.datastore.health import FailureKind, OutlierDetector
 from endpoint_picker.datastore.objects import API_V1ALPHA2, TargetModel
+from endpoint_picker.requests import Api, LLMRequest
+from endpoint_picker.scheduling.lifecycle import Routed
+from endpoint_picker.scheduling.predictor import LatencyPredictor
 from endpoint_picker.settings import OutlierSettings
 from endpoint_picker.status.decisions import DecisionLog
 from endpoint_picker.status.view import StatusView
@@ -159,6 +164,7 @@ def test_endpoints_show_metrics_age_staleness_unreachability_and_in_flight_count
         "unreachable": None,
         "inFlight": 2,
         "outlier": None,
+        "predictor": None,
     }
     assert (second["engine"], second["stale"], second["metricsAgeSeconds"]) == ("sglang", True, 5)
     assert second["unreachable"] == "connection refused"
@@ -192,6 +198,34 @@ def test_endpoints_show_their_ejection_state_until_when_and_failures() -> None:
         "probeInFlight": False,
     }
     assert (third["outlier"]["state"], third["outlier"]["consecutiveFailures"]) == ("ok", 1)
+
+
+def plain_request() -> LLMRequest:
+    return LLMRequest("r", Api.COMPLETIONS, "m", b"{}", {}, target_model="m")
+
+
+def test_endpoints_show_the_latency_predictors_error_and_coefficients() -> None:
+    """With a predicted-latency plugin each endpoint's row has its model: the TTFT error, the
+    sample counts and the coefficients by feature name (None before any model)."""
+    clock = Clock()
+    store = Datastore()
+    store.apply(cluster(pod("a", "10.0.0.1"), pod("b", "10.0.0.2")))
+    a, _ = store.endpoints
+    predictor = LatencyPredictor(clock)
+    for i in range(3):
+        request = replace(plain_request(), request_id=f"r{i}", stream=True)
+        predictor.expect(request.request_id, {a.hostport: ((1.0, 2.0, 0, 0, 0, 0), (1, 1, 0, 0))})
+        predictor.on_routed(Routed(request, a.hostport))
+        clock.now += 0.2
+        predictor.on_started(request.request_id)
+    first, second = view(store, clock, predictor=predictor).snapshot()["endpoints"]
+    row = first["predictor"]
+    assert (row["ttftSamples"], row["tpotSamples"]) == (3, 0)
+    assert 0 < row["ttftRelativeError"] < 1
+    assert set(row["ttftCoefficients"]) == {
+        "1", "uncached_ktok", "ahead_ktok", "waiting_x10", "running_x10", "kv",
+    }  # fmt: skip
+    assert second["predictor"] is None
 
 
 def test_flow_control_queues_by_priority_including_the_pools_objectives() -> None:

@@ -14,6 +14,10 @@ from endpoint_picker.scheduling.plugins.pickers import (
     RandomPicker,
     WeightedRandomPicker,
 )
+from endpoint_picker.scheduling.plugins.predicted import (
+    PredictedLatencyDetector,
+    PredictedLatencyScorer,
+)
 from endpoint_picker.scheduling.plugins.sampling import CandidateSampler
 from endpoint_picker.scheduling.plugins.scorers import (
     KVCacheUtilizationScorer,
@@ -33,6 +37,8 @@ __all__ = [
     "KVCacheUtilizationScorer",
     "LoraAffinityScorer",
     "MaxScorePicker",
+    "PredictedLatencyDetector",
+    "PredictedLatencyScorer",
     "PrefixCacheScorer",
     "QueueScorer",
     "RandomPicker",
@@ -67,3 +73,5 @@ def register_builtins(registry: PluginRegistry) -> None:
     registry.register("session-affinity-scorer", SessionAffinityScorer.from_params)
     registry.register("slo-aware-scorer", SloAwareScorer.from_params)
     registry.register("slo-saturation-detector", SloSaturationDetector.from_params)
+    registry.register("predicted-latency-scorer", PredictedLatencyScorer.from_params)
+    registry.register("predicted-latency-detector", PredictedLatencyDetector.from_params)

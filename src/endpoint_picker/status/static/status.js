@@ -163,8 +163,9 @@
           adapters + slots + waiting,
           age(e.metricsAgeSeconds),
           stateText,
+          predictorError(e.predictor),
         ],
-        ["", "mono", "", "num", "num", "num", "kv", "", "num", `state ${state}`],
+        ["", "mono", "", "num", "num", "num", "kv", "", "num", `state ${state}`, "num"],
       );
       kvCell(cell(row, 6), e.kvCacheUsage);
     }
@@ -174,6 +175,12 @@
         endpointRows.delete(address);
       }
     }
+  }
+
+  // the latency predictor's recent TTFT error, with its sample count (no predictor: a dash)
+  function predictorError(p) {
+    if (!p || p.ttftRelativeError === null) return p ? `no samples` : dash;
+    return `${Math.round(p.ttftRelativeError * 100)}% (${integer(p.ttftSamples)})`;
   }
 
   function kvCell(td, usage) {
