@@ -9,7 +9,7 @@ with direct responses (a JSON completion, and a real-shaped vLLM /metrics page f
 scrapers). Modes:
 - direct: Envoy round-robins over the endpoints itself, no ext_proc (the latency floor);
 - noop:   ext_proc to benchmarks/noop_extproc.py, a grpc.aio server doing no work (the
-          throughput floor of DESIGN.md);
+          throughput floor of docs/architecture.md);
 - noop-h2: the same no-op on the h2 server (benchmarks/noop_h2.py), the floor of the
           EPP's default gRPC stack;
 - epp:    ext_proc to `epp serve` with the default scheduler, scraping every endpoint at 50 ms;

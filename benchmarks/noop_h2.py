@@ -1,7 +1,8 @@
 """The throughput floor of the EPP's default gRPC stack: the no-op ext_proc on the h2 server.
 
-The same answers as benchmarks/noop_extproc.py (the grpc.aio floor of DESIGN.md), served by
-the EPP's own ext_proc server on h2 (`extproc/h2grpc.py`, `epp serve --ext-proc-server h2`).
+The same answers as benchmarks/noop_extproc.py (the grpc.aio floor of
+docs/architecture.md), served by the EPP's own ext_proc server on h2 (`extproc/h2grpc.py`,
+`epp serve --ext-proc-server h2`).
 Run: .venv/bin/python benchmarks/noop_h2.py --port 9102 --endpoints 127.0.0.2:8000,...
 """
 

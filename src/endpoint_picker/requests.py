@@ -102,7 +102,7 @@ class LLMRequest:
 
 class RequestIds:
     """The EPP's own request ids, one per ext_proc stream: a random prefix per process (so
-    that ids from other workers or replicas, DESIGN principle 11, never collide) and a
+    that ids from other workers or replicas, docs/architecture.md principle 11, never collide) and a
     counter. Cheaper than a uuid4, and no client can choose or repeat one."""
 
     __slots__ = ("_counter", "_prefix")

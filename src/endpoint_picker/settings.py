@@ -162,7 +162,8 @@ class ServerSettings:
     # Any value above 0 runs the parent and workers even with --workers 1.
     worker_max_requests: int = 0
     # The gRPC stack of the ext_proc port: "h2" (the EPP's own server on h2, in the event loop:
-    # no thread hop per message, the least CPU per request, measured in README "Performance")
+    # no thread hop per message, the least CPU per request, measured in
+    # docs/results/2026-11-23-performance.md)
     # or "grpcio" (gRPC's C core and its asyncio API). Health-only port: grpcio.
     ext_proc_server: str = "h2"
     # HTTP/2 limits and keepalive of the ext_proc port's connections

@@ -1,4 +1,5 @@
-"""What the EPP learns from its own traffic, as a small stream of facts (DESIGN principle 11).
+"""What the EPP learns from its own traffic, as a small stream of facts (docs/architecture.md,
+principle 11).
 
 The director reports "request R was routed to endpoint E" once it has scheduled R, and the
 ext_proc stream reports "R finished" when its response ends or its stream closes, whichever

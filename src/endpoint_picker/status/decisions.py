@@ -83,7 +83,7 @@ class DecisionLog:
         return len(self._ring)
 
     def recent(self) -> list[dict[str, Any]]:
-        """The ring as JSON-ready dicts, newest first (the schema is in the README)."""
+        """The ring as JSON-ready dicts, newest first (the schema is in docs/status-page.md)."""
         return [_describe(item) for item in reversed(list(self._ring))]
 
 

@@ -5,7 +5,8 @@
 ``GET /readyz``      200 when ready (the gRPC health service's readiness), else 503
 ``GET /``            the status page: one static HTML file with its script and style sheet
                      (``static/``, shipped as package data), no build step and no CDN
-``GET /api/status``  what the page shows, as JSON (``StatusView``; README has the schema)
+``GET /api/status``  what the page shows, as JSON (``StatusView``; docs/status-page.md has the
+                     schema)
 
 With an ``Authorizer`` (``auth``) every request needs ``Authorization: Bearer <token>``, except
 the probes and the page's own files (``/``, ``/static/...``: the same packaged bytes in every

@@ -1,4 +1,5 @@
-"""What the status page shows, as one JSON-ready dict (``GET /api/status``; README has the shape).
+"""What the status page shows, as one JSON-ready dict (``GET /api/status``; docs/status-page.md
+has the shape).
 
 Read on demand from the parts the composition root built: the datastore (pool, models,
 endpoints with their metrics snapshots), the in-flight counter, flow control's queues and the
