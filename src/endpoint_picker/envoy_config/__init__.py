@@ -14,14 +14,13 @@ placeholder alone on its line whose value spans several lines (a YAML block) is 
 the placeholder's column. This package only renders text: it imports no gRPC and no protos.
 
 The parts, each importing only those after it: ``cli`` (the flags, ``main``), ``render`` (the
-templates and their blocks), ``values`` (each input checked and spelled as YAML).
+templates and their blocks), ``inputs`` (each input checked and spelled as YAML).
 """
 
 from __future__ import annotations
 
 from endpoint_picker.envoy_config.cli import build_parser, main
-from endpoint_picker.envoy_config.render import load_template, render, substitute
-from endpoint_picker.envoy_config.values import (
+from endpoint_picker.envoy_config.inputs import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_INFERENCE_PATHS,
     DEFAULT_MAX_HEADERS_COUNT,
@@ -35,6 +34,7 @@ from endpoint_picker.envoy_config.values import (
     parse_endpoint,
     quote,
 )
+from endpoint_picker.envoy_config.render import load_template, render, substitute
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",

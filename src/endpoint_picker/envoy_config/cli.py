@@ -8,18 +8,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from endpoint_picker.envoy_config import inputs
+from endpoint_picker.envoy_config.inputs import EnvoyConfigError
 from endpoint_picker.envoy_config.render import render
-from endpoint_picker.envoy_config.values import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_MAX_HEADERS_COUNT,
-    DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_MESSAGE_TIMEOUT,
-    DEFAULT_NUM_RETRIES,
-    DEFAULT_STREAM_IDLE_TIMEOUT,
-    DEFAULT_TEMPLATE_DIR,
-    VARIANTS,
-    EnvoyConfigError,
-)
 
 
 def _bool(text: str) -> bool:
@@ -38,7 +29,7 @@ def build_parser(prog: str = "epp envoy-config") -> argparse.ArgumentParser:
         "pool of model servers (see docs/envoy.md).",
     )
     add = parser.add_argument
-    add("--variant", choices=VARIANTS, default="reference", help="default: %(default)s")
+    add("--variant", choices=inputs.VARIANTS, default="reference", help="default: %(default)s")
     add("--output", "-o", type=Path, help="write here instead of stdout")
     add("--listen-address", default="0.0.0.0", help="default: %(default)s")
     add("--listen-port", type=int, default=8081, help="default: %(default)s")
@@ -59,26 +50,31 @@ def build_parser(prog: str = "epp envoy-config") -> argparse.ArgumentParser:
         metavar="IP:PORT",
         help="a pool endpoint (repeat; the fallback variant needs them)",
     )
-    add("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
+    add("--max-request-bytes", type=int, default=inputs.DEFAULT_MAX_REQUEST_BYTES)
     add(
         "--failure-mode-allow",
         type=_bool,
         default=False,
         help="forward requests when the EPP fails (default false: FailClose)",
     )
-    add("--message-timeout", type=float, default=DEFAULT_MESSAGE_TIMEOUT, help="seconds")
+    add("--message-timeout", type=float, default=inputs.DEFAULT_MESSAGE_TIMEOUT, help="seconds")
     add(
         "--ext-proc-graceful-close",
         action="store_true",
         help="half-close ext_proc streams instead of resetting them (stops a memory leak in "
         "the EPP; experimental in Envoy, see docs/envoy.md)",
     )
-    add("--stream-idle-timeout", type=float, default=DEFAULT_STREAM_IDLE_TIMEOUT, help="seconds")
-    add("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT, help="seconds")
+    add(
+        "--stream-idle-timeout",
+        type=float,
+        default=inputs.DEFAULT_STREAM_IDLE_TIMEOUT,
+        help="seconds",
+    )
+    add("--connect-timeout", type=float, default=inputs.DEFAULT_CONNECT_TIMEOUT, help="seconds")
     add(
         "--num-retries",
         type=int,
-        default=DEFAULT_NUM_RETRIES,
+        default=inputs.DEFAULT_NUM_RETRIES,
         help="fallback variant: attempts after the first",
     )
     add(
@@ -92,10 +88,10 @@ def build_parser(prog: str = "epp envoy-config") -> argparse.ArgumentParser:
     add(
         "--max-headers-count",
         type=int,
-        default=DEFAULT_MAX_HEADERS_COUNT,
+        default=inputs.DEFAULT_MAX_HEADERS_COUNT,
         help="request headers Envoy accepts (431 past it); default: %(default)s",
     )
-    add("--template-dir", type=Path, help=f"default: {DEFAULT_TEMPLATE_DIR}")
+    add("--template-dir", type=Path, help=f"default: {inputs.DEFAULT_TEMPLATE_DIR}")
     return parser
 
 

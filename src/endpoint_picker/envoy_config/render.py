@@ -8,16 +8,8 @@ import string
 from collections.abc import Sequence
 from pathlib import Path
 
-from endpoint_picker.envoy_config.values import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_INFERENCE_PATHS,
-    DEFAULT_MAX_HEADERS_COUNT,
-    DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_MESSAGE_TIMEOUT,
-    DEFAULT_NUM_RETRIES,
-    DEFAULT_STREAM_IDLE_TIMEOUT,
-    DEFAULT_TEMPLATE_DIR,
-    VARIANTS,
+from endpoint_picker.envoy_config import inputs
+from endpoint_picker.envoy_config.inputs import (
     EnvoyConfigError,
     is_ip,
     parse_endpoint,
@@ -47,7 +39,7 @@ def _endpoints_block(endpoints: Sequence[str]) -> str:
 
 def _routes_block(extra_paths: Sequence[str]) -> str:
     """Exact-path routes that reuse the first route's action (YAML alias)."""
-    paths = list(dict.fromkeys([*DEFAULT_INFERENCE_PATHS, *extra_paths]))
+    paths = list(dict.fromkeys([*inputs.DEFAULT_INFERENCE_PATHS, *extra_paths]))
     lines = []
     for path in paths:
         if not _PATH.fullmatch(path) or "/../" in path or path.endswith("/.."):
@@ -138,9 +130,9 @@ def substitute(template: str, values: dict[str, str]) -> str:
 
 
 def load_template(variant: str, template_dir: Path | None = None) -> str:
-    if variant not in VARIANTS:
-        raise EnvoyConfigError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
-    path = (template_dir or DEFAULT_TEMPLATE_DIR) / f"{variant}.yaml"
+    if variant not in inputs.VARIANTS:
+        raise EnvoyConfigError(f"unknown variant {variant!r}; one of {', '.join(inputs.VARIANTS)}")
+    path = (template_dir or inputs.DEFAULT_TEMPLATE_DIR) / f"{variant}.yaml"
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -162,14 +154,14 @@ def render(
     epp_client_key: str | None = None,
     epp_ca: str | None = None,
     endpoints: Sequence[str] = (),
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_request_bytes: int = inputs.DEFAULT_MAX_REQUEST_BYTES,
     failure_mode_allow: bool = False,
-    message_timeout: float = DEFAULT_MESSAGE_TIMEOUT,
-    stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
-    upstream_connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    num_retries: int = DEFAULT_NUM_RETRIES,
+    message_timeout: float = inputs.DEFAULT_MESSAGE_TIMEOUT,
+    stream_idle_timeout: float = inputs.DEFAULT_STREAM_IDLE_TIMEOUT,
+    upstream_connect_timeout: float = inputs.DEFAULT_CONNECT_TIMEOUT,
+    num_retries: int = inputs.DEFAULT_NUM_RETRIES,
     inference_paths: Sequence[str] = (),
-    max_headers_count: int = DEFAULT_MAX_HEADERS_COUNT,
+    max_headers_count: int = inputs.DEFAULT_MAX_HEADERS_COUNT,
     ext_proc_graceful_close: bool = False,
     template_dir: Path | None = None,
 ) -> str:
