@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tests.unit.fuzz.yaml_strategies import (
     EXAMPLES,
     SCALARS,
+    UNBUILDABLE_SCALARS,
     dump,
     mutate,
     raw_scalar_in,
@@ -140,18 +141,7 @@ def test_scalar_documents(docs: list[Any]) -> None:
             parse_pool_text(dump(docs), SOURCE)
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        "2024-13-45",
-        "2001-12-14t21:59:43.10+99:00",
-        "9" * 5000,
-        "!!bool maybe",
-        "!!int ''",
-        "!!timestamp foo",
-        "!!float .",
-    ],
-)
+@pytest.mark.parametrize("value", UNBUILDABLE_SCALARS)
 def test_yaml_values_pyyaml_cannot_build(value: str) -> None:
     """Regression: scalars PyYAML types but cannot build are a ConfigError."""
     text = POOL_TEXT.replace("targetPortNumber: 8000", f"targetPortNumber: {value}")
