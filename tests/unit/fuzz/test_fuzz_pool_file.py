@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from tests.unit.fuzz.yaml_strategies import (
     EXAMPLES,
     SCALARS,
     UNBUILDABLE_SCALARS,
+    config_error,
     dump,
     mutate,
     raw_scalar_in,
@@ -74,15 +74,6 @@ def typed_documents(draw: st.DrawFn) -> dict[Any, Any]:
     api, kind = draw(KINDS)
     body = draw(st.dictionaries(KEYS, trees(KEYS), max_size=4))
     return {"apiVersion": api, "kind": kind, **body}
-
-
-def config_error(load: Callable[[], object]) -> ConfigError | None:
-    """The ``ConfigError`` ``load`` raises, or None; any other exception fails the test."""
-    try:
-        load()
-    except ConfigError as exc:
-        return exc
-    return None
 
 
 def check(text: str) -> None:

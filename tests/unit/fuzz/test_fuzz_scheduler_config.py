@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from tests.unit.fuzz.yaml_strategies import (
     EXAMPLES,
     SCALARS,
     UNBUILDABLE_SCALARS,
+    config_error,
     dump,
     mutate,
     raw_scalar_in,
@@ -114,15 +114,6 @@ PARAM_VALUES = (
     | SCALARS
     | trees(KEYS)
 )
-
-
-def config_error(load: Callable[[], object]) -> ConfigError | None:
-    """The ``ConfigError`` ``load`` raises, or None; any other exception fails the test."""
-    try:
-        load()
-    except ConfigError as exc:
-        return exc
-    return None
 
 
 def check(text: str) -> None:

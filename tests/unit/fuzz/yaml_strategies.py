@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import copy
 import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hypothesis import strategies as st
+
+from endpoint_picker.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "deploy" / "examples"
 
@@ -138,3 +141,12 @@ def raw_scalar_in(text: str, data: st.DataObject) -> str:
 
 def dump(docs: list[Any]) -> str:
     return yaml.safe_dump_all(docs, allow_unicode=True, sort_keys=False)
+
+
+def config_error(load: Callable[[], object]) -> ConfigError | None:
+    """The ``ConfigError`` ``load`` raises, or None; any other exception fails the test."""
+    try:
+        load()
+    except ConfigError as exc:
+        return exc
+    return None
