@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest_asyncio
 from endpoint_picker.envoy_config import VARIANTS
 from tests.e2e.harness import (
     Backend,
+    Envoy,
     backends,
     e2e_pool,
     post,
@@ -43,30 +45,37 @@ async def ranked() -> AsyncIterator[list[Backend]]:
         yield servers
 
 
-async def test_fallback_retry_lands_on_the_second_endpoint_when_the_first_is_down(
-    tmp_path: Path, ranked: list[Backend], session: aiohttp.ClientSession
-) -> None:
-    """Fallback variant: first endpoint refuses connections; the retry serves from the second."""
-    first, second, third = ranked
+@contextlib.asynccontextmanager
+async def fallback_gateway(tmp_path: Path, ranked: list[Backend]) -> AsyncIterator[Envoy]:
+    """The EPP (one fallback, scraped) and the fallback variant's Envoy listing ``ranked``."""
     async with running_epp(tmp_path, e2e_pool(ranked), fallbacks=1, staleness_threshold=60) as epp:
         await wait_scraped(epp)
         endpoints = [b.hostport for b in ranked]
         async with running_envoy(
             tmp_path, "fallback", epp_port=epp.ports.ext_proc, endpoints=endpoints
         ) as envoy:
-            # The EPP still believes it idle until a scrape is refused; until then Envoy's
-            # retry moves on to the second endpoint the EPP named.
-            await first.stop()
-            for _ in range(3):
-                reply = await post(session, envoy.url, PAYLOAD)
-                assert reply.status == 200, (reply.body, envoy.log_tail())
-                assert reply.json["served_by"] == second.hostport
-            # first named (not yet known dead, Envoy retried) or second (known dead)
-            assert {r.headers[DESTINATION].split(",")[0] for r in second.received} <= {
-                first.hostport,
-                second.hostport,
-            }
-            assert not third.received
+            yield envoy
+
+
+async def test_fallback_retry_lands_on_the_second_endpoint_when_the_first_is_down(
+    tmp_path: Path, ranked: list[Backend], session: aiohttp.ClientSession
+) -> None:
+    """Fallback variant: first endpoint refuses connections; the retry serves from the second."""
+    first, second, third = ranked
+    async with fallback_gateway(tmp_path, ranked) as envoy:
+        # The EPP still believes it idle until a scrape is refused; until then Envoy's
+        # retry moves on to the second endpoint the EPP named.
+        await first.stop()
+        for _ in range(3):
+            reply = await post(session, envoy.url, PAYLOAD)
+            assert reply.status == 200, (reply.body, envoy.log_tail())
+            assert reply.json["served_by"] == second.hostport
+        # first named (not yet known dead, Envoy retried) or second (known dead)
+        assert {r.headers[DESTINATION].split(",")[0] for r in second.received} <= {
+            first.hostport,
+            second.hostport,
+        }
+        assert not third.received
 
 
 async def test_fallback_answers_503_when_every_named_endpoint_is_down(
@@ -74,23 +83,18 @@ async def test_fallback_answers_503_when_every_named_endpoint_is_down(
 ) -> None:
     """Fallback variant fails closed: the EPP's list exhausted, Envoy picks no other endpoint."""
     first, second, third = ranked
-    async with running_epp(tmp_path, e2e_pool(ranked), fallbacks=1, staleness_threshold=60) as epp:
-        await wait_scraped(epp)
-        endpoints = [b.hostport for b in ranked]
-        async with running_envoy(
-            tmp_path, "fallback", epp_port=epp.ports.ext_proc, endpoints=endpoints
-        ) as envoy:
-            # Both reset every request (alive for /metrics, so the EPP keeps naming them).
-            first.reset_requests = second.reset_requests = True
-            try:
-                reply = await post(session, envoy.url, PAYLOAD)
-            finally:
-                first.reset_requests = second.reset_requests = False
-            assert reply.status == 503, reply.body
-            assert reply.headers["content-type"] == "application/json", (reply.body, reply.headers)
-            assert reply.json["error"]["type"] == "ServiceUnavailable"
-            assert len(first.received) == len(second.received) == 1
-            assert not third.received
+    async with fallback_gateway(tmp_path, ranked) as envoy:
+        # Both reset every request (alive for /metrics, so the EPP keeps naming them).
+        first.reset_requests = second.reset_requests = True
+        try:
+            reply = await post(session, envoy.url, PAYLOAD)
+        finally:
+            first.reset_requests = second.reset_requests = False
+        assert reply.status == 503, reply.body
+        assert reply.headers["content-type"] == "application/json", (reply.body, reply.headers)
+        assert reply.json["error"]["type"] == "ServiceUnavailable"
+        assert len(first.received) == len(second.received) == 1
+        assert not third.received
 
 
 async def test_reference_answers_503_for_a_list_of_endpoints(

@@ -37,20 +37,25 @@ def load_all(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-@pytest.fixture(scope="module")
-def rendered_all() -> list[dict[str, Any]]:
-    """Every object `kubectl kustomize deploy/kubernetes` renders."""
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    """Every object `kubectl kustomize PATH` renders (the test skips without kubectl)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed")
     out = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / "kubernetes")],
+        [kubectl, "kustomize", str(path)],
         capture_output=True,
         text=True,
         timeout=30,
         check=True,
     ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered_all() -> list[dict[str, Any]]:
+    """Every object `kubectl kustomize deploy/kubernetes` renders."""
+    return kustomize(DEPLOY / "kubernetes")
 
 
 @pytest.fixture(scope="module")
@@ -467,20 +472,6 @@ EG_BODY_MODES = {
     "BufferedPartial": "BUFFERED_PARTIAL",
     "FullDuplexStreamed": "FULL_DUPLEX_STREAMED",
 }
-
-
-def kustomize(path: Path) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 @pytest.fixture(scope="module")

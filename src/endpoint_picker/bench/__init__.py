@@ -4,6 +4,7 @@ Modules, in the order a run uses them:
 
 - ``model``: the shared value types (a request to send, what came back, a target's result).
 - ``workloads``: seeded request streams (shared-prefix, hot-prefix, chat, ...) and arrivals.
+- ``targets``: the ``--stack`` entries parsed and checked, one ``StackSpec`` per target.
 - ``stacks``: a fresh local stack per strategy (simulated fleet, Envoy, and the router).
 - ``client``: the open-loop streaming client that sends a workload and times every request.
 - ``fleetwatch``: scrapes the fleet during a run (per-server load, prefix-cache hits, queues,

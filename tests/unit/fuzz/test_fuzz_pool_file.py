@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +11,8 @@ from hypothesis import strategies as st
 from tests.unit.fuzz.yaml_strategies import (
     EXAMPLES,
     SCALARS,
+    UNBUILDABLE_SCALARS,
+    config_error,
     dump,
     mutate,
     raw_scalar_in,
@@ -75,15 +76,6 @@ def typed_documents(draw: st.DrawFn) -> dict[Any, Any]:
     return {"apiVersion": api, "kind": kind, **body}
 
 
-def config_error(load: Callable[[], object]) -> ConfigError | None:
-    """The ``ConfigError`` ``load`` raises, or None; any other exception fails the test."""
-    try:
-        load()
-    except ConfigError as exc:
-        return exc
-    return None
-
-
 def check(text: str) -> None:
     """Load ``text`` as the pool file; a ``ConfigError`` that names where is a fine answer."""
     error = config_error(lambda: parse_pool_text(text, SOURCE))
@@ -140,18 +132,7 @@ def test_scalar_documents(docs: list[Any]) -> None:
             parse_pool_text(dump(docs), SOURCE)
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        "2024-13-45",
-        "2001-12-14t21:59:43.10+99:00",
-        "9" * 5000,
-        "!!bool maybe",
-        "!!int ''",
-        "!!timestamp foo",
-        "!!float .",
-    ],
-)
+@pytest.mark.parametrize("value", UNBUILDABLE_SCALARS)
 def test_yaml_values_pyyaml_cannot_build(value: str) -> None:
     """Regression: scalars PyYAML types but cannot build are a ConfigError."""
     text = POOL_TEXT.replace("targetPortNumber: 8000", f"targetPortNumber: {value}")

@@ -4,14 +4,22 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.unit.fuzz.yaml_strategies import EXAMPLES, SCALARS, dump, mutate, raw_scalar_in, trees
+from tests.unit.fuzz.yaml_strategies import (
+    EXAMPLES,
+    SCALARS,
+    UNBUILDABLE_SCALARS,
+    config_error,
+    dump,
+    mutate,
+    raw_scalar_in,
+    trees,
+)
 
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.flowcontrol import parse_flow_control
@@ -106,15 +114,6 @@ PARAM_VALUES = (
     | SCALARS
     | trees(KEYS)
 )
-
-
-def config_error(load: Callable[[], object]) -> ConfigError | None:
-    """The ``ConfigError`` ``load`` raises, or None; any other exception fails the test."""
-    try:
-        load()
-    except ConfigError as exc:
-        return exc
-    return None
 
 
 def check(text: str) -> None:
@@ -257,18 +256,7 @@ def test_registry_knows_every_fuzzed_type() -> None:
     assert set(default_registry()) == set(PARAMETERS)
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        "2024-13-45",
-        "2001-12-14t21:59:43.10+99:00",
-        "9" * 5000,
-        "!!bool maybe",
-        "!!int ''",
-        "!!timestamp foo",
-        "!!float .",
-    ],
-)
+@pytest.mark.parametrize("value", UNBUILDABLE_SCALARS)
 def test_yaml_values_pyyaml_cannot_build(value: str) -> None:
     """Regression: scalars PyYAML types but cannot build are a ConfigError."""
     with pytest.raises(ConfigError, match="not valid YAML: a value it cannot build"):

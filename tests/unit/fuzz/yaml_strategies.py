@@ -5,13 +5,28 @@ from __future__ import annotations
 
 import copy
 import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hypothesis import strategies as st
 
+from endpoint_picker.errors import ConfigError
+
 EXAMPLES = Path(__file__).resolve().parents[3] / "deploy" / "examples"
+
+# Scalars PyYAML gives a type (date, timestamp, int, bool, float) but cannot build: every
+# loader of ours answers them with a ConfigError, never a crash.
+UNBUILDABLE_SCALARS = (
+    "2024-13-45",
+    "2001-12-14t21:59:43.10+99:00",
+    "9" * 5000,
+    "!!bool maybe",
+    "!!int ''",
+    "!!timestamp foo",
+    "!!float .",
+)
 
 # Python values YAML can carry, with the types a config field may get wrong.
 SCALARS = (
@@ -126,3 +141,12 @@ def raw_scalar_in(text: str, data: st.DataObject) -> str:
 
 def dump(docs: list[Any]) -> str:
     return yaml.safe_dump_all(docs, allow_unicode=True, sort_keys=False)
+
+
+def config_error(load: Callable[[], object]) -> ConfigError | None:
+    """The ``ConfigError`` ``load`` raises, or None; any other exception fails the test."""
+    try:
+        load()
+    except ConfigError as exc:
+        return exc
+    return None

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from tests.unit.metrics.metrics_builders import MetricsServer, until, vllm_fixture
+from tests.unit.metrics.metrics_builders import until, vllm_fixture
 
 from endpoint_picker.metrics.http import HttpClient, ScrapeError
 
@@ -70,20 +70,6 @@ class RawServer:
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     """One request head (a GET has no body)."""
     return await reader.readuntil(b"\r\n\r\n")
-
-
-@pytest.fixture
-async def servers() -> AsyncIterator[Callable[..., Any]]:
-    started: list[MetricsServer] = []
-
-    async def make(host: str, body: bytes = b"", status: int = 200) -> MetricsServer:
-        server = await MetricsServer(host, body, status=status).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        await server.stop()
 
 
 @pytest.fixture

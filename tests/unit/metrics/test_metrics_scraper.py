@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 from tests.unit.metrics.metrics_builders import (
-    MetricsServer,
     endpoint,
     sglang_page,
     until,
@@ -52,20 +51,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-async def servers() -> AsyncIterator[Callable[..., Any]]:
-    started: list[MetricsServer] = []
-
-    async def make(host: str, body: bytes = b"", status: int = 200) -> MetricsServer:
-        server = await MetricsServer(host, body, status=status).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        await server.stop()
 
 
 @pytest.fixture
