@@ -16,33 +16,33 @@ InferenceObjective, a request the pool has no room for waits in its priority ban
 band or the queue is full or it is evicted for a higher priority, 503 when it waits past its
 TTL); candidates and scheduling then run when it is dispatched, among the candidates the
 saturation detector says have room (all of them when none has).
+
+The model steps (lookup, split, InferenceObjective, body rewrite) are in ``target_model``,
+flow control's admission in ``admission``.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
-import json
 import random
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
-import orjson
 import structlog
 
+from endpoint_picker.admission import FAIRNESS_HEADER as FAIRNESS_HEADER
+from endpoint_picker.admission import MAX_CLIENT_TIMEOUT_MS as MAX_CLIENT_TIMEOUT_MS
+from endpoint_picker.admission import TIMEOUT_HEADER as TIMEOUT_HEADER
+from endpoint_picker.admission import admit, client_timeout
 from endpoint_picker.datastore import InferenceModel, InferenceObjective, InferencePool
 from endpoint_picker.datastore.health import without_excluded
 from endpoint_picker.errors import (
     BadRequestError,
-    ModelNotFoundError,
     PathNotFoundError,
     RequestError,
     ServiceUnavailableError,
     TooManyRequestsError,
     clip,
-    kept,
 )
 from endpoint_picker.exchange import (
     Exchange,
@@ -64,32 +64,22 @@ from endpoint_picker.requests import (
 )
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult, room_finder
 from endpoint_picker.scheduling.lifecycle import Lifecycle
-from endpoint_picker.types import Criticality, EndpointState, ascii_int, parse_hostport
+from endpoint_picker.target_model import (
+    MAX_MODEL_SPLICES,
+    apply_objective,
+    resolve_model,
+    rewrite_model,
+)
+from endpoint_picker.target_model import OBJECTIVE_HEADER as OBJECTIVE_HEADER
+from endpoint_picker.target_model import criticality_of_priority as criticality_of_priority
+from endpoint_picker.types import Criticality, EndpointState, parse_hostport
 
 log = structlog.get_logger(__name__)
 
-# The request header naming the request's InferenceObjective (the reference EPP's).
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-# Flow control: the request's fairness id (the reference EPP's header), and how long the client
-# will wait (Envoy's header for the caller's expected timeout), which shortens the queue TTL.
-# Behind the shipped Envoy configs it never arrives: Envoy strips x-envoy-* headers a client
-# sends from outside before any filter runs, and its router sets this one on the upstream
-# request only (after ext_proc) and only from a route timeout, which the shipped routes leave
-# at 0 (generations run for minutes); there the band's TTL bounds a wait
-# (tests/e2e/test_envoy_queue_timeout.py). It does arrive from a trusted hop that sets it (a
-# mesh sidecar, a gateway treating its callers as internal).
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
-# Past this (a day) the header is not read: no queue TTL is that long, so it shortens nothing.
-MAX_CLIENT_TIMEOUT_MS = 24 * 3600 * 1000
-
-
-def criticality_of_priority(priority: int) -> Criticality:
-    """An InferenceObjective's priority as criticality: negative is Sheddable (shed when the
-    pool is saturated, as the reference does), 0 (or unset) Standard, positive Critical."""
-    if priority < 0:
-        return Criticality.SHEDDABLE
-    return Criticality.CRITICAL if priority > 0 else Criticality.STANDARD
+# The names moved to ``target_model`` and ``admission`` that are still imported from here.
+_MAX_MODEL_SPLICES = MAX_MODEL_SPLICES
+_rewrite_model = rewrite_model
+_client_timeout = client_timeout
 
 
 class PoolReader(Protocol):
@@ -113,50 +103,6 @@ class RequestScheduler(Protocol):
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointState]
     ) -> SchedulingResult: ...
-
-
-_MODEL_KEY = re.compile(rb'"model"\s*:\s*')
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-# Each splice attempt parses the whole body once: past this many ``"model"`` keys (nested ones
-# ahead of the top-level key: tool schemas, or a body built to make the rewrite quadratic) the
-# body is re-serialised instead, one parse whatever its size.
-_MAX_MODEL_SPLICES = 8
-
-
-def _rewrite_model(raw: bytes, target_model: str) -> bytes:
-    """The body with only the top-level ``model`` value replaced, every other byte kept.
-
-    The value is spliced into the raw bytes. In a valid JSON body a ``"model"`` key match
-    always ends with a whole key token (a quote inside a string is escaped, so a match that
-    starts inside a key, ``"\\"model": ...``, ends with that key) followed by a value, so a
-    splice changes exactly one string value; parsing the result once tells whether it
-    was the top-level one (a nested ``"model"``, in a tool schema say, leaves the top-level
-    value as it was). Only the top-level value is compared, never the whole document, so a
-    body nested as deeply as the parser accepts cannot exhaust the recursion limit.
-    Re-serialising instead would reformat the body, and orjson would turn integers past 64 bits
-    into floats; the standard library is the fallback for bodies the splice cannot handle
-    (``"model"`` spelled with escapes, or behind more than ``_MAX_MODEL_SPLICES`` other
-    ``"model"`` keys), and a body too deep for it is a 400.
-    ``target_model`` must differ from the body's model (the director rewrites only then): a
-    splice of a nested value equal to it would pass the check.
-    """
-    value = orjson.dumps(target_model)
-    for key in itertools.islice(_MODEL_KEY.finditer(raw), _MAX_MODEL_SPLICES):
-        string = _JSON_STRING.match(raw, key.end())
-        if string is None:
-            continue
-        candidate = raw[: string.start()] + value + raw[string.end() :]
-        try:
-            if orjson.loads(candidate).get("model") == target_model:
-                return candidate
-        except orjson.JSONDecodeError:
-            continue
-    try:
-        body = json.loads(raw)
-        body["model"] = target_model
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    except RecursionError as exc:
-        raise BadRequestError("request body is nested too deeply to rewrite its model") from exc
 
 
 class Director:
@@ -337,49 +283,22 @@ class Director:
         request: LLMRequest | None = None
         try:
             request = parse_request(request_id, api, raw_body, headers, client_request_id)
-            request = self._apply_objective(self._resolve_model(request))
+            request = resolve_model(self._pool, request, self._allow_unknown, self._rng)
+            request = apply_objective(self._pool, request)
             if flow is None:
                 return self._schedule(request, subset)
-            return self._admit(flow, request, subset)
+            return admit(
+                flow,
+                request,
+                subset,
+                self._candidates,
+                self._with_room,
+                partial(self._schedule, shed=False),
+            )
         except RequestError as exc:
             if request is not None:
                 exc.model, exc.target_model = request.model, request.target_model
             raise
-
-    def _admit(
-        self,
-        flow: FlowController[RoutingDecision],
-        request: LLMRequest,
-        subset: Sequence[str] | None,
-    ) -> RoutingDecision | QueuedRoute:
-        """Flow control's step: schedule now when the pool has room and nobody of this priority
-        waits; otherwise queue (flow control replaces shedding: Sheddable requests wait too)."""
-        priority = priority_of(request)
-        ready = None
-        if subset is not None:  # only some endpoints will do: wait until one of them has room
-            self._candidates(subset)  # no eligible endpoint: a 503 now, not after a wait
-            ready = functools.partial(self._subset_has_room, subset, priority)
-        if flow.admit_now(priority, ready):
-            return self._schedule(request, subset, shed=False)
-        future = flow.enqueue(
-            request.log_id,  # for its log lines only
-            lambda: self._schedule(request, subset, shed=False),
-            priority=priority,
-            flow_id=kept(request.headers.get(FAIRNESS_HEADER, "")),  # a client string, kept
-            size=len(request.raw_body),
-            timeout=_client_timeout(request.headers.get(TIMEOUT_HEADER)),
-            ready=ready,
-        )
-        return QueuedRoute(request, future)
-
-    def _subset_has_room(self, subset: Sequence[str], priority: int) -> bool:
-        """Whether an endpoint of the subset hint, as the pool is now, has room for
-        ``priority``; True when none is eligible any more, so that the dispatch answers it."""
-        try:
-            candidates = self._candidates(subset)
-        except RequestError:
-            return True
-        return bool(self._with_room(candidates, priority))
 
     def route_headers_only(
         self,
@@ -412,59 +331,6 @@ class Director:
             client_request_id=client_request_id,
         )
         return self._schedule(request, subset)
-
-    def _resolve_model(self, request: LLMRequest) -> LLMRequest:
-        pool = self._pool.pool
-        if pool is None:
-            raise ServiceUnavailableError("the pool is not loaded yet")
-        model = self._pool.model(request.model)
-        if model is None:
-            allow = (
-                pool.passes_unknown_models if self._allow_unknown is None else self._allow_unknown
-            )
-            if not allow:
-                raise ModelNotFoundError(
-                    f"model {clip(request.model)!r} is not served by InferencePool {pool.name!r}"
-                )
-            # v1 pools have no InferenceModel API: everything is Standard there.
-            crit = Criticality.STANDARD if pool.passes_unknown_models else Criticality.SHEDDABLE
-            return replace(request, criticality=crit)
-        return replace(
-            request,
-            target_model=self._split(model),
-            criticality=model.criticality,
-            latency_objective=model.objective.per_output_token_p95 if model.objective else None,
-        )
-
-    def _apply_objective(self, request: LLMRequest) -> LLMRequest:
-        name = request.headers.get(OBJECTIVE_HEADER)
-        if not name:
-            return request
-        objective = self._pool.objective(name)
-        if objective is None:
-            log.debug("unknown InferenceObjective; the model's criticality stands", name=clip(name))
-            return request
-        # its latency objective replaces the model's; without one, the model's stands
-        latency = objective.objective
-        return replace(
-            request,
-            criticality=criticality_of_priority(objective.priority),
-            priority=objective.priority,
-            latency_objective=(
-                latency.per_output_token_p95 if latency else request.latency_objective
-            ),
-        )
-
-    def _split(self, model: InferenceModel) -> str:
-        if not model.target_models:
-            return model.model_name
-        weights = [t.weight for t in model.target_models]
-        if not any(weights):
-            raise ServiceUnavailableError(
-                f"every target model of {model.model_name!r} has weight 0"
-            )
-        (target,) = self._rng.choices(model.target_models, weights=weights)
-        return target.name
 
     def _candidates(self, subset: Sequence[str] | None) -> tuple[EndpointState, ...]:
         states = self._pool.endpoint_states()
@@ -516,16 +382,9 @@ class Director:
             raise ServiceUnavailableError("no endpoint passed the scheduler's filters")
         body = request.raw_body
         if request.target_model != request.model:
-            body = _rewrite_model(request.raw_body, request.target_model)
+            body = rewrite_model(request.raw_body, request.target_model)
         endpoints = tuple(s.hostport for s in result.endpoints)
         probe = self._outliers is not None and self._outliers.routed(endpoints[0])
         decision = RoutingDecision(request=request, endpoints=endpoints, body=body, probe=probe)
         self._lifecycle.routed(request, decision.endpoints[0])
         return decision
-
-
-def _client_timeout(header: str | None) -> float | None:
-    """``x-envoy-expected-rq-timeout-ms`` in seconds; None when absent, not ASCII digits or
-    past a day (the band's TTL stands)."""
-    millis = ascii_int(header, MAX_CLIENT_TIMEOUT_MS) if header else None
-    return None if millis is None else millis / 1000

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,231 +19,18 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from endpoint_picker.errors import ErrorCode
+from endpoint_picker.telemetry.collectors import (
+    CallbackCounter,
+    Children,
+    EjectedCollector,
+    PoolCollector,
+    PredictorCollector,
+)
+from endpoint_picker.telemetry.collectors import PoolStats as PoolStats
+from endpoint_picker.telemetry.families import HISTOGRAMS
 from endpoint_picker.telemetry.histogram import LoopHistogram
-
-_DURATION_BUCKETS = (
-    0.005,
-    0.025,
-    0.05,
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1.0,
-    1.25,
-    1.5,
-    2,
-    3,
-    4,
-    5,
-    6,
-    8,
-    10,
-    15,
-    20,
-    30,
-    45,
-    60,
-    120,
-    180,
-    240,
-    300,
-    360,
-    480,
-    600,
-    900,
-    1200,
-    1800,
-    2700,
-    3600,
-)
-# The reference EPP's tables, exactly: dashboards keyed on `le` depend on them (its 32778 in
-# the response-size and input-token tables, beside 32768 for request sizes, is kept as is).
-_REQUEST_SIZE_BUCKETS = (
-    64,
-    128,
-    256,
-    512,
-    1024,
-    2048,
-    4096,
-    8192,
-    16384,
-    32768,
-    65536,
-    131072,
-    262144,
-    524288,
-    1048576,
-    2097152,
-    4194304,
-    8388608,
-    16777216,
-    33554432,
-    67108864,
-    134217728,
-    268435456,
-    536870912,
-    1073741824,
-)
-_RESPONSE_SIZE_BUCKETS = (
-    1,
-    8,
-    16,
-    32,
-    64,
-    128,
-    256,
-    512,
-    1024,
-    2048,
-    4096,
-    8192,
-    16384,
-    32778,
-    65536,
-)
-_INPUT_TOKEN_BUCKETS = (
-    1,
-    8,
-    16,
-    32,
-    64,
-    128,
-    256,
-    512,
-    1024,
-    2048,
-    4096,
-    8192,
-    16384,
-    32778,
-    65536,
-    131072,
-    262144,
-    524288,
-    1048576,
-)
-_OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-_SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
-_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolStats:
-    name: str
-    average_kv_cache_utilization: float
-    average_queue_size: float
-    ready_pods: int
-
-
-class _PoolCollector(Collector):
-    """Pool gauges computed at scrape time from the live datastore (never stale)."""
-
-    def __init__(self, stats: Callable[[], PoolStats | None]) -> None:
-        self._stats = stats
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        stats = self._stats()
-        families = (
-            (
-                "inference_pool_average_kv_cache_utilization",
-                "The average kv cache utilization for an inference server pool.",
-                lambda s: s.average_kv_cache_utilization,
-            ),
-            (
-                "inference_pool_average_queue_size",
-                "The average number of requests pending in the model server queue.",
-                lambda s: s.average_queue_size,
-            ),
-            (
-                "inference_pool_ready_pods",
-                "The number of ready pods in the inference server pool.",
-                lambda s: float(s.ready_pods),
-            ),
-        )
-        for name, doc, value in families:
-            family = GaugeMetricFamily(name, doc, labels=["name"])
-            if stats is not None:
-                family.add_metric([stats.name], value(stats))
-            yield family
-
-
-class _EjectedCollector(Collector):
-    """``inference_extension_endpoint_ejected``: 1 per endpoint ejected now, read at scrape
-    time from the outlier detector (summed over workers: how many of them eject it)."""
-
-    def __init__(self) -> None:
-        self.read: Callable[[], Iterable[str]] | None = None
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "inference_extension_endpoint_ejected",
-            "1 while outlier detection keeps the endpoint out of the candidates.",
-            labels=["endpoint"],
-        )
-        for hostport in self.read() if self.read is not None else ():
-            family.add_metric([hostport], 1.0)
-        yield family
-
-
-class _PredictorCollector(Collector):
-    """The latency predictor's recent TTFT error per endpoint, read at scrape time (endpoints
-    that left the pool are gone from it, so the label set is the pool's)."""
-
-    NAME = "inference_extension_latency_predictor_ttft_relative_error"
-
-    def __init__(self) -> None:
-        self.read: Callable[[], Mapping[str, float]] | None = None
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            self.NAME,
-            "Recent mean absolute relative error of the predicted time to first token, per "
-            "endpoint (exponentially weighted over about 20 samples).",
-            labels=["endpoint"],
-        )
-        if self.read is not None:
-            for endpoint, error in sorted(self.read().items()):
-                family.add_metric([endpoint], error)
-        yield family
-
-
-class _CallbackCounter(Collector):
-    """A counter whose owner keeps the count: ``read`` at scrape time, absent until set."""
-
-    def __init__(self, name: str, documentation: str) -> None:
-        self._name = name
-        self._documentation = documentation
-        self.read: Callable[[], float] | None = None
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        if self.read is not None:
-            yield CounterMetricFamily(self._name, self._documentation, value=self.read())
-
-
-class _Children:
-    """Cached ``metric.labels(...)`` children: prometheus_client's lookup costs microseconds.
-
-    Bounded because label values are bounded (``EppMetrics`` caps model names).
-    """
-
-    def __init__(self, metric: Any) -> None:
-        self._metric = metric
-        self._cache: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *labels: str) -> Any:
-        child = self._cache.get(labels)
-        if child is None:
-            child = self._cache[labels] = self._metric.labels(*labels)
-        return child
-
 
 # Our error kinds as the reference EPP labels `error_code` (dashboards filter on these).
 _REFERENCE_ERROR_CODES = {
@@ -328,38 +113,7 @@ class EppMetrics:
             model_labels,
             registry=r,
         )
-        histograms: tuple[tuple[str, str, str, list[str], tuple[float, ...]], ...] = (
-            ("request_duration", "inference_model_request_duration_seconds",
-             "Inference model response latency distribution in seconds for each model and "
-             "target model.", model_labels, _DURATION_BUCKETS),
-            ("request_sizes", "inference_model_request_sizes",
-             "Inference model requests size distribution in bytes for each model and target "
-             "model.", model_labels, _REQUEST_SIZE_BUCKETS),
-            ("response_sizes", "inference_model_response_sizes",
-             "Inference model responses size distribution in bytes for each model and target "
-             "model.", model_labels, _RESPONSE_SIZE_BUCKETS),
-            ("input_tokens", "inference_model_input_tokens",
-             "Inference model input token count distribution for requests in each model.",
-             model_labels, _INPUT_TOKEN_BUCKETS),
-            ("output_tokens", "inference_model_output_tokens",
-             "Inference model output token count distribution for requests in each model.",
-             model_labels, _OUTPUT_TOKEN_BUCKETS),
-            ("scheduler_e2e", "inference_extension_scheduler_e2e_duration_seconds",
-             "Scheduling end-to-end latency distribution in seconds.", [], _SCHEDULER_BUCKETS),
-            ("plugin_durations", "inference_extension_plugin_duration_seconds",
-             "Plugin processing latency distribution in seconds for each extension point, "
-             "plugin type and plugin name.",
-             ["extension_point", "plugin_type", "plugin_name"], _SCHEDULER_BUCKETS),
-            ("flow_queue_duration",
-             "inference_extension_flow_control_request_queue_duration_seconds",
-             "Time requests spent in the flow-control queue, by priority band and outcome "
-             "(dispatched, rejected, evicted, expired, cancelled).",
-             ["priority", "outcome"], _QUEUE_BUCKETS),
-            ("prefix_hit_ratio", "inference_extension_prefix_indexer_hit_ratio",
-             "Ratio of prefix length matched to the request's prefix length (the best "
-             "endpoint's match, per request).", [], _RATIO_BUCKETS),
-        )  # fmt: skip
-        for attribute, name, doc, labels, buckets in histograms:
+        for attribute, name, doc, labels, buckets in HISTOGRAMS:
             histogram = LoopHistogram(name, doc, labels, buckets)
             r.register(histogram)
             setattr(self, attribute, histogram)
@@ -391,13 +145,13 @@ class EppMetrics:
         )
         self._model_labels: set[str] = set()  # names labelled as themselves so far
         self._minted = 0  # of which not configured by the pool (at most MAX_MODEL_LABELS)
-        self._request_total = _Children(self.request_total)
-        self._request_error_total = _Children(self.request_error_total)
-        self._running_requests = _Children(self.running_requests)
-        self._invalid_usage_total = _Children(self.invalid_usage_total)
+        self._request_total = Children(self.request_total)
+        self._request_error_total = Children(self.request_error_total)
+        self._running_requests = Children(self.running_requests)
+        self._invalid_usage_total = Children(self.invalid_usage_total)
         if pool_stats is not None:
-            r.register(_PoolCollector(pool_stats))
-        self._predictor = _PredictorCollector()
+            r.register(PoolCollector(pool_stats))
+        self._predictor = PredictorCollector()
         r.register(self._predictor)
         # The pool source (datastore/sources/file.py) reports each settled change it handles.
         self.pool_reload_total = Counter(
@@ -448,7 +202,7 @@ class EppMetrics:
             "Estimated fraction of one core that scraping the model servers uses.",
             registry=r,
         )
-        self._scrapes_deferred = _CallbackCounter(
+        self._scrapes_deferred = CallbackCounter(
             "inference_extension_metrics_scrape_steps_deferred",
             "Scrape steps (a send or a parse) that waited for a later event-loop turn because "
             "scrapes that came due together had used this turn's share.",
@@ -479,7 +233,7 @@ class EppMetrics:
             registry=r,
         )
         self._failure_labels: set[tuple[str, str]] = set()
-        self._ejected = _EjectedCollector()
+        self._ejected = EjectedCollector()
         r.register(self._ejected)
 
     # -- the scheduler's observer protocol ----------------------------------------------------
