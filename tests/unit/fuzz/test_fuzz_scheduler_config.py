@@ -60,6 +60,14 @@ PARAMETERS = {
         "kvCacheUtilThreshold",
         "metricsStalenessThreshold",
     ],
+    "predicted-latency-scorer": ["tpotWeight", "othersWeight"],
+    "predicted-latency-detector": [
+        "factor",
+        "criticalFactor",
+        "metricsStalenessThreshold",
+        "queueDepthThreshold",
+        "kvCacheUtilThreshold",
+    ],
 }
 FLOW_KEYS = [
     "maxRequests", "maxBytes", "defaultRequestTTL", "defaultPriorityBand",
