@@ -8,6 +8,7 @@ import gc
 import ipaddress
 import json
 import logging
+import math
 import signal
 import sys
 from dataclasses import replace
@@ -61,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     a("--decode-us-per-context-token", type=float)
     a("--us-per-request", type=float)
     a("--time-scale", type=float, default=1.0, help="simulated clock speed (2.0 = 2x real time)")
+    a("--server-speeds", default="",
+      help="GPU speed per server, comma-separated (0.5 = steps take 2x as long)")  # fmt: skip
     a("--stream-interval", type=int, default=1, help="tokens per SSE chunk after the first")
     a("--chat-max-tokens", type=int, default=128, help="chat max_tokens when the request has none")
     a("--failure-rate", type=float, default=0.0)
@@ -96,6 +99,21 @@ def _check(ok: bool, message: str) -> None:
         raise UsageError(message)
 
 
+def parse_speeds(text: str, servers: int) -> tuple[float, ...]:
+    """``--server-speeds 1,1,0.5`` -> one positive finite factor per server; "" -> all 1.0."""
+    if not text.strip():
+        return (1.0,) * servers
+    try:
+        speeds = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--server-speeds: not a list of numbers: {text!r}") from None
+    _check(len(speeds) == servers,
+           f"--server-speeds has {len(speeds)} factor(s) for {servers} server(s)")  # fmt: skip
+    _check(all(0 < s < math.inf for s in speeds),
+           f"--server-speeds factors must be positive and finite, got {text!r}")  # fmt: skip
+    return speeds
+
+
 def build_config(argv: list[str]) -> SimConfig:
     """Flags -> ``SimConfig``; raises ``UsageError`` with a one-line reason."""
     return _config(_parser().parse_args(argv))
@@ -123,6 +141,7 @@ def _config(ns: argparse.Namespace) -> SimConfig:
         _check(value >= 1, f"{flag} must be at least 1, got {value}")
     _check(0 <= ns.port <= 65535, f"--port out of range: {ns.port}")
     _check(ns.time_scale > 0, "--time-scale must be positive")
+    speeds = parse_speeds(ns.server_speeds, ns.servers)
     for flag, rate in (("--failure-rate", ns.failure_rate),
                        ("--metrics-failure-rate", ns.metrics_failure_rate)):  # fmt: skip
         _check(0.0 <= rate <= 1.0, f"{flag} must be within [0, 1], got {rate}")
@@ -163,7 +182,9 @@ def _config(ns: argparse.Namespace) -> SimConfig:
         default_chat_max_tokens=ns.chat_max_tokens,
         seed=ns.seed,
     )
-    return SimConfig(server=server, servers=ns.servers, address=ns.address, port=ns.port)
+    return SimConfig(
+        server=server, servers=ns.servers, address=ns.address, port=ns.port, speeds=speeds
+    )
 
 
 async def serve(sim: SimConfig) -> None:
@@ -179,10 +200,10 @@ async def serve(sim: SimConfig) -> None:
             for server in servers:
                 log.info(
                     "sim listening on %s model=%s adapters=%s profile=%s blocks=%dx%d "
-                    "max_num_seqs=%d time_scale=%g",
+                    "max_num_seqs=%d time_scale=%g speed=%g",
                     server.url, cfg.model, adapters, cfg.engine.profile.name,
                     cfg.engine.num_gpu_blocks, cfg.engine.block_size, cfg.engine.max_num_seqs,
-                    cfg.engine.time_scale,
+                    cfg.engine.time_scale, server.config.engine.speed,
                 )  # fmt: skip
             # Everything built so far (notably each engine's block tables) lives as long as the
             # process; freezing it keeps the collector from rescanning it, which otherwise

@@ -22,7 +22,7 @@ async def running_servers(sim: SimConfig) -> AsyncIterator[list[SimServer]]:
     servers: list[SimServer] = []
     try:
         for index, host in enumerate(addresses(sim.address, sim.servers)):
-            server = SimServer(sim.server, index=index)
+            server = SimServer(sim.server_config(index), index=index)
             servers.append(server)
             await server.start(host, sim.port)
         yield servers

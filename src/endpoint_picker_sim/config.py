@@ -5,7 +5,7 @@ Times in the step model are microseconds of *simulated* GPU time; everything els
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,9 @@ class EngineConfig:
     lora_load_ms: float = 25.0
     # 2.0 runs the simulated GPU twice as fast as real time.
     time_scale: float = 1.0
+    # This server's GPU against the profile: 0.5 makes every step (prefill, decode, adapter
+    # loads) take twice as long. Unlike time_scale it changes simulated time, so /metrics shows it.
+    speed: float = 1.0
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -129,3 +132,11 @@ class SimConfig:
     servers: int = 1
     address: str = "127.0.0.2"
     port: int = 8000
+    # One speed factor per server (EngineConfig.speed); empty means all 1.0.
+    speeds: tuple[float, ...] = ()
+
+    def server_config(self, index: int) -> ServerConfig:
+        """Server ``index``'s config: the shared one with its own speed."""
+        if not self.speeds:
+            return self.server
+        return replace(self.server, engine=replace(self.server.engine, speed=self.speeds[index]))

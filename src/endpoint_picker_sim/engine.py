@@ -113,7 +113,7 @@ class Engine:
         if not preempted:
             prefill_tokens, budget, lora_load_us = self._admit(batch, budget, prefill_tokens)
         us = cfg.profile.step_us(prefill_tokens, decode_context, len(batch)) + lora_load_us
-        return batch, us * 1e-6
+        return batch, us * 1e-6 / cfg.speed
 
     def _admit(
         self, batch: list[tuple[SimRequest, int]], budget: int, prefill_tokens: int

@@ -53,6 +53,15 @@ def test_profile_coefficients_can_be_overridden() -> None:
     assert profile.prefill_floor_us == 5680.0
 
 
+def test_server_speeds_default_to_one_and_go_to_each_server() -> None:
+    """--server-speeds gives server i its own factor; without it every server runs at 1.0."""
+    assert build_config(["--model", "m", "--servers", "3"]).speeds == (1.0, 1.0, 1.0)
+    sim = build_config(["--model", "m", "--servers", "3", "--server-speeds", "1, 2,0.5"])
+    assert sim.speeds == (1.0, 2.0, 0.5)
+    assert [sim.server_config(i).engine.speed for i in range(3)] == [1.0, 2.0, 0.5]
+    assert sim.server_config(2).engine.profile == sim.server.engine.profile
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -64,6 +73,12 @@ def test_profile_coefficients_can_be_overridden() -> None:
         ["--model", "m", "--max-model-len", "999999999"],
         ["--model", "m", "--bogus"],
         ["--model", "m", "--address", "not-an-ip"],
+        ["--model", "m", "--servers", "3", "--server-speeds", "1,0.5"],
+        ["--model", "m", "--servers", "2", "--server-speeds", "1,0"],
+        ["--model", "m", "--servers", "2", "--server-speeds", "1,-1"],
+        ["--model", "m", "--servers", "2", "--server-speeds", "1,inf"],
+        ["--model", "m", "--servers", "2", "--server-speeds", "1,nan"],
+        ["--model", "m", "--servers", "2", "--server-speeds", "1,fast"],
     ],
 )
 def test_bad_flags_exit_2_with_one_line(
@@ -96,6 +111,23 @@ async def test_several_servers_share_one_loop_on_consecutive_addresses() -> None
                 assert resp.status == 200
         assert [s.engine.stats.generation_tokens for s in servers] == [16, 16, 16]
         assert len({id(s.engine) for s in servers}) == 3
+
+
+async def test_a_half_speed_server_in_a_fleet_answers_twice_as_slowly() -> None:
+    """--server-speeds 1,0.5: the same request costs the second server twice the GPU time."""
+    port = _free_port("127.0.0.5")
+    sim = build_config(["--model", "m", "--servers", "2", "--address", "127.0.0.5",
+                        "--port", str(port), "--time-scale", "2",
+                        "--server-speeds", "1,0.5"])  # fmt: skip
+    body = {"prompt": "word " * 2000, "max_tokens": 8}
+    async with running_servers(sim) as servers, aiohttp.ClientSession() as http:
+        for server in servers:
+            async with http.post(f"{server.url}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+        # Simulated seconds: steps are committed at their planned end, so no timer noise.
+        fast, slow = (s.engine.stats.e2e.sum for s in servers)
+    assert [s.engine.stats.e2e.count for s in servers] == [1, 1]
+    assert slow == pytest.approx(2 * fast, rel=0.1)
 
 
 async def test_process_logs_each_server_and_stops_on_sigterm() -> None:

@@ -150,6 +150,24 @@ def test_step_time_follows_the_profile() -> None:
     assert PROFILES["llama-3.1-8b-h100"].num_gpu_blocks == 27000
 
 
+def test_a_half_speed_engine_takes_twice_as_long_for_the_same_request() -> None:
+    """speed=0.5 doubles every step: the same request's TTFT (prefill) and decode time double."""
+    times = []
+    for speed in (1.0, 0.5):
+        eng, clock = engine(speed=speed)
+        req = request(prompt(2000), max_tokens=32)
+        eng.add(req)
+        run(eng, clock)
+        assert req.finished
+        assert req.first_token_at is not None
+        times.append((req.first_token_at - req.arrival, clock.t - req.first_token_at))
+    (ttft_fast, decode_fast), (ttft_slow, decode_slow) = times
+    assert ttft_fast > 0
+    assert decode_fast > 0
+    assert ttft_slow == pytest.approx(2 * ttft_fast)
+    assert decode_slow == pytest.approx(2 * decode_fast)
+
+
 def test_latency_histograms_record_every_token() -> None:
     """TTFT once per request, ITL once per later token, e2e once per request."""
     eng, clock = engine()
