@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import math
 import signal
 import sys
 import time
@@ -33,6 +34,17 @@ def _rates(text: str) -> tuple[float, ...]:
     if not rates or any(r <= 0 for r in rates):
         raise argparse.ArgumentTypeError(f"rates must be positive: {text!r}")
     return rates
+
+
+def _speeds(text: str) -> tuple[float, ...]:
+    """``1,1,0.5`` -> factors; the count against --servers is checked by ``FleetOptions``."""
+    try:
+        speeds = tuple(float(part) for part in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from exc
+    if not all(0 < s < math.inf for s in speeds):
+        raise argparse.ArgumentTypeError(f"factors must be positive and finite: {text!r}")
+    return speeds
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -100,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument(
         "--time-scale", type=float, default=1.0,
         help="the fleet's clock speed: below 1 slows it until this machine keeps up",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--server-speeds", type=_speeds, metavar="S1,S2,...",
+        help="GPU speed per server, one per --servers (0.5: its steps take twice as long)",
     )  # fmt: skip
     _add_soak_parser(sub)
     sub.add_parser("workloads", help="list the workloads and their parameters")
@@ -201,6 +217,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         max_loras=args.max_loras,
         time_scale=args.time_scale,
         stream_interval=args.stream_interval,
+        server_speeds=args.server_speeds,
     )
     options = RunOptions(
         workload=args.workload,

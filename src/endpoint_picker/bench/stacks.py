@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import copy
 import ipaddress
+import math
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ class FleetOptions:
     # a chunk per token costs the fleet, Envoy and the client several times the CPU, which this
     # 2-core machine does not have (docs/sim.md)
     stream_interval: int | None = 8
+    # One GPU speed factor per server (``epp sim --server-speeds``); None: all 1.0.
+    server_speeds: tuple[float, ...] | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -81,6 +84,14 @@ class FleetOptions:
             raise BenchError(f"--servers must be in 1..200: {self.servers}")
         if self.time_scale <= 0:
             raise BenchError(f"--time-scale must be positive: {self.time_scale}")
+        speeds = self.server_speeds
+        if speeds is not None:
+            if len(speeds) != self.servers:
+                raise BenchError(
+                    f"--server-speeds has {len(speeds)} factor(s) for {self.servers} server(s)"
+                )
+            if not all(0 < s < math.inf for s in speeds):
+                raise BenchError(f"--server-speeds factors must be positive and finite: {speeds}")
 
     def sim_args(self, plan: WorkloadPlan, port: int) -> list[str]:
         """The words after ``epp sim`` for a fleet serving ``plan``'s models on ``port``."""
@@ -94,6 +105,9 @@ class FleetOptions:
             "--max-num-seqs": self.max_num_seqs,
             "--max-loras": self._max_loras(plan),
             "--stream-interval": self.stream_interval,
+            "--server-speeds": (
+                None if self.server_speeds is None else ",".join(map(str, self.server_speeds))
+            ),
         }
         for flag, value in optional.items():
             if value is not None:

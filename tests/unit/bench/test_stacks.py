@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -231,9 +232,24 @@ def test_sim_args_every_option() -> None:
     assert fleet.addresses() == ["127.0.0.2", "127.0.0.3"]
 
 
+def test_sim_args_pass_server_speeds_to_the_fleet() -> None:
+    """--server-speeds reaches `epp sim` as one comma-separated factor per server."""
+    fleet = FleetOptions(servers=4, server_speeds=(1.0, 1.0, 1.0, 0.5))
+    args = fleet.sim_args(plan("m"), 8000)
+    assert args[args.index("--server-speeds") + 1] == "1.0,1.0,1.0,0.5"
+    assert "--server-speeds" not in FleetOptions().sim_args(plan("m"), 8000)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"servers": 0}, "--servers"), ({"servers": 201}, "--servers"), ({"time_scale": 0}, "time")],
+    [
+        ({"servers": 0}, "--servers"),
+        ({"servers": 201}, "--servers"),
+        ({"time_scale": 0}, "time"),
+        ({"servers": 4, "server_speeds": (1.0, 0.5)}, "2 factor"),
+        ({"servers": 2, "server_speeds": (1.0, 0.0)}, "positive"),
+        ({"servers": 2, "server_speeds": (1.0, math.inf)}, "positive"),
+    ],
 )
 def test_fleet_options_refuse(options: dict[str, float], message: str) -> None:
     """A fleet that cannot be started is refused when the options are built."""
