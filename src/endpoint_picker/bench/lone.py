@@ -21,6 +21,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from endpoint_picker.bench.pods import ready_pods
+
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 LONE_ADDRESSES = tuple(f"127.0.9.{i + 2}" for i in range(4))  # never answer: nothing scrapes
 _API = "inference.networking.x-k8s.io/v1alpha2"
@@ -79,12 +81,7 @@ def pool_text(
         {"apiVersion": _API, "kind": "InferenceModel", "metadata": {"name": "model", **meta},
          "spec": spec},
     ]  # fmt: skip
-    docs += [
-        {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": f"p{i}", "labels": _LABELS, **meta},
-         "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
-        for i, ip in enumerate(addresses)
-    ]  # fmt: skip
+    docs += ready_pods(addresses, _LABELS, meta["namespace"], "p")
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 

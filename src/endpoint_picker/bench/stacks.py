@@ -39,6 +39,7 @@ from endpoint_picker import envoy_config
 from endpoint_picker.bench import envoytiming, peers
 from endpoint_picker.bench.envoy_direct import render_direct
 from endpoint_picker.bench.model import BenchError, WorkloadPlan
+from endpoint_picker.bench.pods import ready_pods
 from endpoint_picker.bench.processes import (
     Child,
     Children,
@@ -172,12 +173,7 @@ def pool_file(plan: WorkloadPlan, addresses: Sequence[str], port: int) -> str:
         if seconds is not None:
             doc["spec"]["objective"] = {OBJECTIVE_P95_KEY: f"{seconds * 1000:g}ms"}
     docs += models
-    docs += [
-        {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": f"sim-{i}", "labels": labels, **meta},
-         "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
-        for i, ip in enumerate(addresses)
-    ]  # fmt: skip
+    docs += ready_pods(addresses, labels, meta["namespace"], "sim-")
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 
