@@ -15,6 +15,7 @@ from endpoint_picker.requests import Api, LLMRequest
 from endpoint_picker.scheduling.lifecycle import InFlight, Lifecycle
 from endpoint_picker.scheduling.plugins import PredictedLatencyDetector, PredictedLatencyScorer
 from endpoint_picker.scheduling.plugins.predicted import (
+    MAX_PRIORITIES,
     OBJECTIVE_WINDOW,
     PredictionSource,
     header_objectives,
@@ -220,6 +221,21 @@ def test_band_objectives_expire() -> None:
     assert source.objectives(1, 10.1 + OBJECTIVE_WINDOW) == (None, None)
     source.note_objectives(1, 0.5, None, now=100.0)  # the tightest expired: the latest holds
     assert source.objectives(1, 100.0) == (0.5, None)
+
+
+def test_band_objectives_are_kept_for_at_most_max_priorities_bands() -> None:
+    """However many priorities objectives arrive with, at most MAX_PRIORITIES bands are kept:
+    one more is dropped, the ones already kept still update."""
+    source = source_with(QUEUE_BOUND, [])
+    for priority in range(MAX_PRIORITIES + 100):
+        source.note_objectives(priority, 0.2, None, now=1.0)
+    assert source.objectives(MAX_PRIORITIES + 5, 1.0) == (None, None)
+    assert source.objectives(0, 1.0) == (0.2, None)
+    source.note_objectives(0, 0.1, None, now=2.0)
+    assert source.objectives(0, 2.0) == (0.1, None)
+    assert sum(source.objectives(p, 2.0)[0] is not None for p in range(MAX_PRIORITIES + 100)) == (
+        MAX_PRIORITIES
+    )
 
 
 @pytest.mark.parametrize(("others_weight", "winner"), [(0.0, "idle"), (1.0, "cached")])

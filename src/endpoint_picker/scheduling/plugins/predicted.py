@@ -152,7 +152,7 @@ class PredictionSource:
         if entry is None:
             if len(self._objectives) >= MAX_PRIORITIES:
                 return
-            entry = self._objectives[priority] = [math.inf, 0.0, math.inf, 0.0]
+            entry = self._objectives[priority] = [math.inf, -math.inf, math.inf, -math.inf]
         for i, value in ((0, ttft), (2, tpot)):
             if value is None:
                 continue
