@@ -17,16 +17,12 @@ from typing import NoReturn
 from endpoint_picker import __version__
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.flags import serve as serve_flags
-from endpoint_picker.flags import values as flag_values
 from endpoint_picker.flags.serve import settings_from_args
 from endpoint_picker.flags.spec import add_arguments, add_groups
 from endpoint_picker.settings import Settings
 from endpoint_picker.telemetry.logs import configure_logging
 
 EXIT_USAGE = 2
-# The readers under their names from before they moved to flags.values (tests import them here)
-_cgroup_cpus, _non_negative = flag_values.cgroup_cpus, flag_values.non_negative
-_port, _workers = flag_values.port, flag_values.workers
 
 
 class _Parser(argparse.ArgumentParser):

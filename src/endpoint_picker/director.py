@@ -33,7 +33,7 @@ import structlog
 from endpoint_picker.admission import FAIRNESS_HEADER as FAIRNESS_HEADER
 from endpoint_picker.admission import MAX_CLIENT_TIMEOUT_MS as MAX_CLIENT_TIMEOUT_MS
 from endpoint_picker.admission import TIMEOUT_HEADER as TIMEOUT_HEADER
-from endpoint_picker.admission import admit, client_timeout
+from endpoint_picker.admission import admit
 from endpoint_picker.datastore import InferenceModel, InferenceObjective, InferencePool
 from endpoint_picker.datastore.health import without_excluded
 from endpoint_picker.errors import (
@@ -64,22 +64,16 @@ from endpoint_picker.requests import (
 )
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult, room_finder
 from endpoint_picker.scheduling.lifecycle import Lifecycle
+from endpoint_picker.target_model import OBJECTIVE_HEADER as OBJECTIVE_HEADER
 from endpoint_picker.target_model import (
-    MAX_MODEL_SPLICES,
     apply_objective,
     resolve_model,
     rewrite_model,
 )
-from endpoint_picker.target_model import OBJECTIVE_HEADER as OBJECTIVE_HEADER
 from endpoint_picker.target_model import criticality_of_priority as criticality_of_priority
 from endpoint_picker.types import Criticality, EndpointState, parse_hostport
 
 log = structlog.get_logger(__name__)
-
-# The names moved to ``target_model`` and ``admission`` that are still imported from here.
-_MAX_MODEL_SPLICES = MAX_MODEL_SPLICES
-_rewrite_model = rewrite_model
-_client_timeout = client_timeout
 
 
 class PoolReader(Protocol):

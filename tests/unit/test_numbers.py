@@ -6,10 +6,12 @@ from collections.abc import Callable
 
 import pytest
 
-from endpoint_picker.cli import _non_negative, _port, _workers
-from endpoint_picker.director import _client_timeout
+from endpoint_picker.admission import client_timeout as _client_timeout
 from endpoint_picker.envoy_config import EnvoyConfigError, parse_endpoint
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.flags.values import non_negative as _non_negative
+from endpoint_picker.flags.values import port as _port
+from endpoint_picker.flags.values import workers as _workers
 from endpoint_picker.scheduling.plugins.session import session_token, token_endpoint
 from endpoint_picker.types import ascii_int, parse_hostport
 

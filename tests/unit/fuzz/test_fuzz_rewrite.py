@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from endpoint_picker.director import _MAX_MODEL_SPLICES, _rewrite_model
+from endpoint_picker.target_model import MAX_MODEL_SPLICES as _MAX_MODEL_SPLICES
+from endpoint_picker.target_model import rewrite_model as _rewrite_model
 
 MODEL_KEY = re.compile(rb'"model"\s*:')
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from endpoint_picker.cli import _cgroup_cpus, build_parser, settings_from_args
+from endpoint_picker.cli import build_parser, settings_from_args
+from endpoint_picker.flags.values import cgroup_cpus as _cgroup_cpus
 
 
 def workers(*flags: str) -> int:
