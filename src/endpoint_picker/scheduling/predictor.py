@@ -7,8 +7,9 @@ the fit follows a fleet that changes):
 - **TTFT** (seconds from routing to the first response bytes of a streamed request) against what
   the request will wait for and compute there (``TTFT_FEATURES``): its own uncached prompt tokens
   (the prompt less the leading blocks the endpoint likely caches), the uncached prompt tokens of
-  the requests routed there that have not started, the requests waiting, the running batch, and
-  the KV cache's fill;
+  the requests routed there that have not started, the requests waiting, the running batch, the
+  KV cache's fill, and the request's LoRA adapter: whether it must be loaded there, and whether
+  it must also wait for a slot (every slot held by other adapters);
 - **TPOT** (seconds per output token after the first) against the batch the request joins
   (running + waiting + itself), the prefill work ahead of it, and the KV cache's fill.
 
@@ -21,7 +22,7 @@ a quantile is the mean prediction times ``exp(mu + z x sd)``: multiplicative, ne
 Its error, the weighted mean of ``|observed - predicted| / observed`` of TTFT, is exported per
 endpoint (``errors``).
 
-State per endpoint is O(d^2) floats (d <= 6); endpoints that leave the pool are dropped; the
+State per endpoint is O(d^2) floats (d <= 8); endpoints that leave the pool are dropped; the
 requests remembered between routing and finish are bounded (``REQUESTS_REMEMBERED``).
 """
 
@@ -39,12 +40,16 @@ from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED, Finished, 
 
 # Features (the intercept first). Units keep every feature near [0, 10] so one prior covariance
 # fits them all: tokens in thousands, requests in tens.
-TTFT_FEATURES = ("1", "uncached_ktok", "ahead_ktok", "waiting_x10", "running_x10", "kv")
+TTFT_FEATURES = (
+    "1", "uncached_ktok", "ahead_ktok", "waiting_x10", "running_x10", "kv", "adapter_load",
+    "adapter_wait",
+)  # fmt: skip
 TPOT_FEATURES = ("1", "batch_x10", "ahead_ktok", "kv")
 # The physical prior, seconds per unit of each feature: a prefill of about 20,000 tokens/s,
 # waiting requests and batch members that each lengthen the steps a little, a decode step of
-# about 15 ms. Deliberately rough: the fit replaces it.
-TTFT_PRIOR = (0.03, 0.05, 0.05, 0.02, 0.01, 0.0)
+# about 15 ms, an adapter loaded in 25 ms, a slot freed in about 300 ms. Deliberately rough:
+# the fit replaces it.
+TTFT_PRIOR = (0.03, 0.05, 0.05, 0.02, 0.01, 0.0, 0.025, 0.3)
 TPOT_PRIOR = (0.015, 0.002, 0.002, 0.0)
 PRIOR_VARIANCE = 1.0  # how far (in seconds per unit) a coefficient may plausibly be from its prior
 Z_P90 = 1.2816  # the standard normal's 90th percentile

@@ -26,9 +26,19 @@ from endpoint_picker.types import Criticality, EndpointState
 
 _ids = itertools.count()
 PROMPT = "".join(f"system prompt sentence {i}. " for i in range(700))  # ~4,000 tokens
-# TTFT laws: seconds per (1, uncached ktok, ahead ktok, waiting/10, running/10, kv)
-PREFILL_BOUND = (0.01, 0.05, 0.05, 0.02, 0.002, 0.0)  # a prefill costs more than a short queue
-QUEUE_BOUND = (0.01, 0.005, 0.005, 1.0, 0.002, 0.0)  # each waiting request costs 100 ms
+# TTFT laws: seconds per (1, uncached ktok, ahead ktok, waiting/10, running/10, kv, adapter load,
+# adapter wait)
+PREFILL_BOUND = (
+    0.01,
+    0.05,
+    0.05,
+    0.02,
+    0.002,
+    0.0,
+    0.03,
+    0.5,
+)  # a prefill costs more than a short queue
+QUEUE_BOUND = (0.01, 0.005, 0.005, 1.0, 0.002, 0.0, 0.03, 0.5)  # each waiting request costs 100 ms
 
 
 def completion(headers: dict[str, str] | None = None) -> LLMRequest:
@@ -288,3 +298,35 @@ def test_the_configured_detector_keeps_waiting_in_the_epp() -> None:
     components = build(HEADER + "plugins:\n- type: predicted-latency-detector\n")
     queued, idle = endpoint(queue=1), endpoint()
     assert components.saturation_detector.with_room([queued, idle]) == [idle]  # type: ignore[attr-defined]
+
+
+def adapter_request(model: str) -> LLMRequest:
+    return replace(completion(), model=model, target_model=model)
+
+
+def test_an_adapter_to_load_behind_full_slots_costs_its_predicted_wait() -> None:
+    """A LoRA request goes where its adapter runs, even behind a short queue, rather than to an
+    idle endpoint whose slots other adapters hold (load + wait for a slot); with a slot free
+    there, the load alone (30 ms) is cheaper than the queue and the idle endpoint wins."""
+    running = endpoint(queue=1, active=["sql"], max_lora=2)
+    full = endpoint(active=["a", "b"], max_lora=2)
+    free = endpoint(active=["a"], max_lora=2)
+    law = (0.01, 0.005, 0.005, 1.0, 0.002, 0.0, 0.03, 0.5)  # a waiting request costs 100 ms
+    source = source_with(law, [running, full, free])
+    scorer = PredictedLatencyScorer(source)
+    to_full = scorer.score(adapter_request("sql"), [running, full])
+    assert to_full[0] > to_full[1]
+    to_free = scorer.score(adapter_request("sql"), [running, free])
+    assert to_free[1] > to_free[0]
+
+
+def test_a_base_model_request_has_no_adapter_cost() -> None:
+    """The base model named by the endpoints' metrics loads nothing: every endpoint's adapter
+    features are zero, whatever their slots hold."""
+    a = endpoint(active=["x", "y"], max_lora=2, base=["m"])
+    b = endpoint(active=[], max_lora=2, base=["m"])
+    source = source_with(PREFILL_BOUND, [a, b])
+    features = source.features(completion(), [a, b])
+    assert [f[0][6:] for f in features] == [(0.0, 0.0), (0.0, 0.0)]
+    lora = source.features(adapter_request("z"), [a, b])
+    assert [f[0][6:] for f in lora] == [(1.0, 1.0), (1.0, 0.0)]

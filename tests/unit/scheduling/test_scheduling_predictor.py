@@ -21,9 +21,10 @@ from endpoint_picker.scheduling.predictor import (
 
 _ids = itertools.count()
 
-# seconds per unit of each TTFT feature (1, uncached ktok, ahead ktok, waiting/10, running/10, kv)
-LAW_A = (0.01, 0.03, 0.025, 0.05, 0.01, 0.02)
-LAW_B = (0.03, 0.09, 0.075, 0.15, 0.03, 0.06)  # the same server three times slower
+# seconds per unit of each TTFT feature (1, uncached ktok, ahead ktok, waiting/10, running/10, kv,
+# adapter load, adapter wait)
+LAW_A = (0.01, 0.03, 0.025, 0.05, 0.01, 0.02, 0.04, 0.2)
+LAW_B = (0.03, 0.09, 0.075, 0.15, 0.03, 0.06, 0.12, 0.6)  # the same server three times slower
 TPOT_LAW = (0.008, 0.004, 0.001, 0.002)  # (1, batch/10, ahead ktok, kv)
 
 
@@ -40,8 +41,9 @@ def dot(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def features(rng: random.Random) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    load = float(rng.random() < 0.3)
     ttft = (1.0, rng.uniform(0, 4), rng.uniform(0, 8), rng.uniform(0, 2), rng.uniform(0, 3),
-            rng.uniform(0, 1))  # fmt: skip
+            rng.uniform(0, 1), load, load * float(rng.random() < 0.5))  # fmt: skip
     return ttft, (1.0, rng.uniform(0, 4), ttft[2], ttft[5])
 
 
@@ -73,7 +75,11 @@ def predicted_ttft(predictor: LatencyPredictor, endpoint: str, x: Sequence[float
     return predictor.predict(endpoint, x, (1.0, 1.0, 0.0, 0.0)).ttft
 
 
-PROBES = [(1.0, 4.0, 0.0, 0.0, 0.5, 0.1), (1.0, 0.05, 6.0, 1.0, 2.0, 0.6), (1.0, 1, 1, 1, 1, 1)]
+PROBES = [
+    (1.0, 4.0, 0.0, 0.0, 0.5, 0.1, 0.0, 0.0),
+    (1.0, 0.05, 6.0, 1.0, 2.0, 0.6, 1.0, 0.0),
+    (1.0, 1, 1, 1, 1, 1, 1, 1),
+]
 
 
 @pytest.mark.parametrize("law", [LAW_A, LAW_B])
@@ -150,7 +156,7 @@ def test_work_ahead_counts_routed_requests_until_they_start() -> None:
     """Uncached tokens routed to an endpoint count as its work ahead until their first bytes
     (or their finish, for a stream that never started)."""
     p = LatencyPredictor(Clock())
-    x = (1.0, 2.5, 0.0, 0.0, 0.0, 0.0)
+    x = (1.0, 2.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     a, b = (replace(request(), request_id=f"r{next(_ids)}", stream=True) for _ in range(2))
     for req in (a, b):
         p.expect(req.request_id, {"e:1": (x, (1.0, 0.1, 0.0, 0.0))})
@@ -166,7 +172,7 @@ def test_state_is_bounded() -> None:
     """Requests that never finish are forgotten past REQUESTS_REMEMBERED (their work ahead
     with them); endpoints that leave the pool are dropped."""
     p = LatencyPredictor(Clock())
-    x = (1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
+    x = (1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     for _ in range(REQUESTS_REMEMBERED + 50):
         req = replace(request(), request_id=f"r{next(_ids)}")
         p.expect(req.request_id, {"e:1": (x, (1.0, 0.1, 0.0, 0.0))})
@@ -183,6 +189,6 @@ def test_covariance_stays_bounded_while_a_feature_never_moves() -> None:
     """Forgetting with a constant input cannot blow the covariance up (windup is capped)."""
     model = OnlineLinear(TTFT_PRIOR, 0.99)
     for _ in range(5000):
-        model.update((1.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.05)
+        model.update((1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.05)
     assert sum(model.p[i][i] for i in range(6)) <= 6.0 + 1e-9
-    assert model.mean((1.0, 0.0, 0.0, 0.0, 0.0, 0.0)) == pytest.approx(0.05, rel=0.01)
+    assert model.mean((1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)) == pytest.approx(0.05, rel=0.01)

@@ -214,7 +214,9 @@ def test_endpoints_show_the_latency_predictors_error_and_coefficients() -> None:
     predictor = LatencyPredictor(clock)
     for i in range(3):
         request = replace(plain_request(), request_id=f"r{i}", stream=True)
-        predictor.expect(request.request_id, {a.hostport: ((1.0, 2.0, 0, 0, 0, 0), (1, 1, 0, 0))})
+        predictor.expect(
+            request.request_id, {a.hostport: ((1.0, 2.0, 0, 0, 0, 0, 0, 0), (1, 1, 0, 0))}
+        )
         predictor.on_routed(Routed(request, a.hostport))
         clock.now += 0.2
         predictor.on_started(request.request_id)
@@ -223,7 +225,8 @@ def test_endpoints_show_the_latency_predictors_error_and_coefficients() -> None:
     assert (row["ttftSamples"], row["tpotSamples"]) == (3, 0)
     assert 0 < row["ttftRelativeError"] < 1
     assert set(row["ttftCoefficients"]) == {
-        "1", "uncached_ktok", "ahead_ktok", "waiting_x10", "running_x10", "kv",
+        "1", "uncached_ktok", "ahead_ktok", "waiting_x10", "running_x10", "kv", "adapter_load",
+        "adapter_wait",
     }  # fmt: skip
     assert second["predictor"] is None
 

@@ -28,6 +28,7 @@ from endpoint_picker.errors import ConfigError
 from endpoint_picker.requests import LLMRequest, priority_of
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed, remember
 from endpoint_picker.scheduling.placement import Placement
+from endpoint_picker.scheduling.plugins.scorers import is_base_model
 from endpoint_picker.scheduling.predictor import LatencyPredictor, Prediction, PredictorObserver
 from endpoint_picker.scheduling.prefix import (
     CHARS_PER_TOKEN,
@@ -71,6 +72,28 @@ def request_objectives(request: LLMRequest) -> tuple[float | None, float | None]
 
 
 Features = tuple[tuple[float, ...], tuple[float, ...]]  # (TTFT's, TPOT's)
+_NO_ADAPTER = (0.0, 0.0)
+_LOAD = (1.0, 0.0)
+_LOAD_AFTER_WAIT = (1.0, 1.0)
+
+
+def adapter_features(model: str, endpoints: Sequence[EndpointState]) -> list[tuple[float, float]]:
+    """Per endpoint, (must load ``model``'s adapter, must first wait for a slot): nothing for a
+    base-model request or an adapter running there; a load where a slot is free (or the server
+    reports no LoRA state: a fresh pod); a load after a wait where every slot is taken. The
+    predictor learns what each costs on each endpoint (``adapter_load``, ``adapter_wait``)."""
+    if is_base_model(model, endpoints):
+        return [_NO_ADAPTER] * len(endpoints)
+    return [
+        _NO_ADAPTER
+        if model in m.active_adapters
+        else _LOAD
+        if m.max_active_adapters is None
+        or len(m.active_adapters) + len(m.waiting_adapters) < m.max_active_adapters
+        else _LOAD_AFTER_WAIT
+        for e in endpoints
+        for m in (e.metrics,)
+    ]
 
 
 class PredictionSource:
@@ -136,9 +159,10 @@ class PredictionSource:
             self._placement.pick(hashes[0], hostports) if hashes and not any(matched) else None
         )
         block_ktok = self._block_tokens / 1000.0
+        adapters = adapter_features(request.target_model, endpoints)
         out = [
-            self._load_features(e, max(0.0, prompt_ktok - m * block_ktok))
-            for e, m in zip(endpoints, matched, strict=True)
+            self._load_features(e, max(0.0, prompt_ktok - m * block_ktok), a)
+            for e, m, a in zip(endpoints, matched, adapters, strict=True)
         ]
         self._candidates = endpoints  # the routed one's capacity is read on routing
         self.predictor.expect(request.request_id, dict(zip(hostports, out, strict=True)))
@@ -176,10 +200,12 @@ class PredictionSource:
         is now or, with ``unloaded``, with nothing else on it."""
         if unloaded:
             ktok = self.typical_ktok
-            return (1.0, ktok, 0.0, 0.0, 0.0, 0.0), (1.0, 0.1, 0.0, 0.0)
-        return self._load_features(e, self.typical_ktok)
+            return (1.0, ktok, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), (1.0, 0.1, 0.0, 0.0)
+        return self._load_features(e, self.typical_ktok, _NO_ADAPTER)
 
-    def _load_features(self, e: EndpointState, uncached_ktok: float) -> Features:
+    def _load_features(
+        self, e: EndpointState, uncached_ktok: float, adapter: tuple[float, float]
+    ) -> Features:
         m = e.metrics
         ahead_ktok, unstarted = self.predictor.ahead(e.hostport)
         waiting = m.waiting_queue_size
@@ -190,7 +216,7 @@ class PredictionSource:
         running = max(m.running_requests, self._inflight.count(e.hostport) - unstarted)
         kv = m.kv_cache_usage
         return (
-            (1.0, uncached_ktok, ahead_ktok, waiting / 10.0, running / 10.0, kv),
+            (1.0, uncached_ktok, ahead_ktok, waiting / 10.0, running / 10.0, kv, *adapter),
             (1.0, (running + waiting + 1) / 10.0, ahead_ktok, kv),
         )
 

@@ -134,7 +134,7 @@ class LoraAffinityScorer:
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         adapter = request.target_model
-        if _is_base_model(adapter, endpoints):
+        if is_base_model(adapter, endpoints):
             return [self._running] * len(endpoints)
         # where it goes: ``preferred``; the name as kept (a client's, for unknown models)
         remember(self._scored, request.request_id, kept(adapter))
@@ -160,7 +160,7 @@ class LoraAffinityScorer:
         ]
 
 
-def _is_base_model(model: str, endpoints: Sequence[EndpointState]) -> bool:
+def is_base_model(model: str, endpoints: Sequence[EndpointState]) -> bool:
     """``model`` is a candidate's base model and no candidate's adapter.
 
     Checked across candidates, not per endpoint: an endpoint not scraped yet knows no base
