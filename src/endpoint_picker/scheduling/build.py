@@ -54,6 +54,11 @@ from endpoint_picker.settings import SchedulingSettings, ScrapeSettings
 
 DEFAULT_PICKER = "max-score-picker"
 DEFAULT_DETECTOR = "utilization-detector"
+# With flow control on, a held band waits in the EPP rather than getting 429: the default judges
+# by predicted latency, so Critical keeps its latency under overload with no threshold to set.
+# Without it a held Sheddable request is refused, and the reference's thresholds refuse only
+# when the servers really are full.
+DEFAULT_FLOW_CONTROL_DETECTOR = "predicted-latency-detector"
 DEFAULT_HANDLER = "single-profile-handler"
 DEFAULT_PROFILE = "default"
 
@@ -249,16 +254,14 @@ def _build(
             f"{len(profiles)} profiles need a profile handler plugin to choose among them",
             "schedulingProfiles",
         )
+    default = DEFAULT_DETECTOR if config.flow_control is None else DEFAULT_FLOW_CONTROL_DETECTOR
     detector_name, detector = (
         detectors[0]
         if detectors
-        else (
-            DEFAULT_DETECTOR,
-            registry.create(DEFAULT_DETECTOR, DEFAULT_DETECTOR, {}, context, path="<default>"),
-        )
+        else (default, registry.create(default, default, {}, context, path="<default>"))
     )
     if not isinstance(detector, SaturationDetector):  # a replaced built-in gone wrong
-        raise ConfigError(f'"{DEFAULT_DETECTOR}" is not a saturation detector', "<default>")
+        raise ConfigError(f'"{default}" is not a saturation detector', "<default>")
     scheduler = Scheduler(profiles, handler, observer=observer, record=record)
     plugins = [entry.ref.plugin for entry in built.values()]
     plugins += context.shared.values()  # shared state listens once, however many plugins use it

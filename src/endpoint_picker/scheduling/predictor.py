@@ -245,6 +245,10 @@ class LatencyPredictor:
                 m.tpot.copy_from(self._pooled.tpot)
         return m
 
+    def now(self) -> float:
+        """The predictor's clock (seconds)."""
+        return self._clock()
+
     def ahead(self, hostport: str) -> tuple[float, int]:
         """(uncached ktok, requests) routed to ``hostport`` by this EPP and not started."""
         return self._ahead.get(hostport, 0.0), self._unstarted.get(hostport, 0)

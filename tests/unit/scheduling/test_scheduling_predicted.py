@@ -330,3 +330,38 @@ def test_a_base_model_request_has_no_adapter_cost() -> None:
     assert [f[0][6:] for f in features] == [(0.0, 0.0), (0.0, 0.0)]
     lora = source.features(adapter_request("z"), [a, b])
     assert [f[0][6:] for f in lora] == [(1.0, 1.0), (1.0, 0.0)]
+
+
+FLOW_CONTROL = "featureGates: [flowControl]\n"
+
+
+@pytest.mark.parametrize("gate", ["", FLOW_CONTROL], ids=["flow-control-off", "flow-control-on"])
+def test_the_default_detector_judges_by_predicted_latency_when_requests_can_wait(
+    gate: str,
+) -> None:
+    """A config that names no detector gets ``predicted-latency-detector`` with flow control
+    on (a held band waits in the EPP) and the reference's ``utilization-detector`` with it
+    off (a held Sheddable request would get 429)."""
+    components = build(HEADER + gate + "plugins:\n- type: queue-scorer\n")
+    detector = components.saturation_detector
+    assert isinstance(detector, PredictedLatencyDetector) == bool(gate)
+    assert (components.latency_predictor is not None) == bool(gate)
+
+
+def test_the_detector_alone_learns_from_the_requests_it_admits() -> None:
+    """With no predicted-latency-scorer in the profile, a routed request is featured on its
+    endpoint on routing (from the candidates the detector judged), so its first bytes teach the
+    TTFT model and its header objective is kept for its band."""
+    components = build(HEADER + FLOW_CONTROL + "plugins:\n- type: queue-scorer\n")
+    predictor = components.latency_predictor
+    assert predictor is not None
+    e = endpoint()
+    for _ in range(3):
+        request = completion({"x-slo-ttft-ms": "250"})
+        components.saturation_detector.with_room([e])
+        components.lifecycle.routed(request, e.hostport)
+        components.lifecycle.started(request.request_id)
+        components.lifecycle.finished(request.request_id, True)
+    assert predictor.model(e.hostport).ttft.samples == 3
+    source = components.saturation_detector._source  # type: ignore[attr-defined]
+    assert source.objectives(0, clock())[0] == pytest.approx(0.25)

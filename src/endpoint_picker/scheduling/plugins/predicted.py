@@ -104,7 +104,7 @@ class PredictionSource:
     __slots__ = (
         "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback", "_hashes",
         "_inflight", "_max_blocks", "_objectives", "_placement", "index", "placed", "predictor",
-        "typical_ktok",
+        "scored", "typical_ktok",
     )  # fmt: skip
 
     def __init__(
@@ -131,6 +131,7 @@ class PredictionSource:
         self.placed: int | None = None
         self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self.typical_ktok = 0.0  # recent mean of routed requests' uncached prompt (ktok)
+        self.scored = False  # a predicted-latency-scorer features each request before routing
         # per priority: the tightest (TTFT, TPOT) objectives of its recent requests, with when
         # each was last seen (priorities come from the config: bounded, and capped anyway)
         self._objectives: dict[int, list[float]] = {}
@@ -237,8 +238,22 @@ class PredictionSource:
 
     # -- lifecycle --------------------------------------------------------------------------
 
+    def seen(self, candidates: Sequence[EndpointState]) -> None:
+        """The candidates the detector judged last: with no scorer to feature requests, routed
+        requests are featured on routing from these (so the detector learns alone)."""
+        if not self.scored:
+            self._candidates = candidates
+
     def on_routed(self, event: Routed) -> None:
-        hashes = self._hashes.pop(event.request.request_id, None)
+        request = event.request
+        if not self.scored and request.request_id not in self._hashes:
+            routed = [e for e in self._candidates if e.hostport == event.endpoint]
+            if routed:
+                self.features(request, routed)
+            ttft, tpot = request_objectives(request)
+            if ttft is not None or tpot is not None:
+                self.note_objectives(priority_of(request), ttft, tpot, self.predictor.now())
+        hashes = self._hashes.pop(request.request_id, None)
         if hashes:
             self.index.insert(event.endpoint, hashes, self._capacity_of(event.endpoint))
         self.predictor.on_routed(event)
@@ -275,6 +290,7 @@ class PredictedLatencyScorer:
         others_weight: float = 1.0,
     ) -> None:
         self._source = source
+        source.scored = True
         self._tpot_weight = tpot_weight
         self._others = others_weight
         self._clock = clock
@@ -392,6 +408,7 @@ class PredictedLatencyDetector:
         factor = self._critical if critical else self._factor
         source = self._source
         ttft_objective, tpot_objective = source.objectives(priority, now)
+        source.seen(candidates)
         if self._utilization is not None:
             candidates = self._utilization.with_room_for(candidates, priority)
         room = []
