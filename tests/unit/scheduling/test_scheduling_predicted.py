@@ -12,9 +12,10 @@ import pytest
 from tests.unit.scheduling.builders import HEADER, build, clock, endpoint
 
 from endpoint_picker.requests import Api, LLMRequest
-from endpoint_picker.scheduling.lifecycle import InFlight, Lifecycle
+from endpoint_picker.scheduling.adapters import AdapterFlights
+from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED, InFlight, Lifecycle
 from endpoint_picker.scheduling.plugins import PredictedLatencyDetector, PredictedLatencyScorer
-from endpoint_picker.scheduling.plugins.predicted import (
+from endpoint_picker.scheduling.prediction import (
     MAX_PRIORITIES,
     OBJECTIVE_WINDOW,
     PredictionSource,
@@ -365,3 +366,31 @@ def test_the_detector_alone_learns_from_the_requests_it_admits() -> None:
     assert predictor.model(e.hostport).ttft.samples == 3
     source = components.saturation_detector._source  # type: ignore[attr-defined]
     assert source.objectives(0, clock())[0] == pytest.approx(0.25)
+
+
+def test_adapters_routed_and_unfinished_count_before_a_scrape_shows_them() -> None:
+    """Between two scrapes, an adapter this EPP routed to an endpoint counts as loaded there
+    (no load for its next request) and takes a slot (another adapter now waits); finishing
+    the request gives both back."""
+    a = endpoint(active=["x"], max_lora=2)
+    source = source_with(PREFILL_BOUND, [a])
+    lifecycle = Lifecycle([source], [source], [source])
+    first = adapter_request("sql")
+    assert source.features(first, [a])[0][0][6:] == (1.0, 0.0)  # a free slot: a load
+    lifecycle.routed(first, a.hostport)
+    assert source.features(adapter_request("sql"), [a])[0][0][6:] == (0.0, 0.0)
+    assert source.features(adapter_request("chat"), [a])[0][0][6:] == (1.0, 1.0)
+    lifecycle.finished(first.request_id, True)
+    assert source.features(adapter_request("chat"), [a])[0][0][6:] == (1.0, 0.0)
+
+
+def test_adapter_flights_are_bounded_and_forget_endpoints_that_left() -> None:
+    """Requests whose finish never comes are dropped past ``REQUESTS_REMEMBERED``, releasing
+    their adapter; an endpoint that left the pool is forgotten."""
+    flights = AdapterFlights()
+    for i in range(REQUESTS_REMEMBERED + 5):
+        flights.routed(f"r{i}", "10.0.0.1:8000", f"adapter-{i}")
+    assert len(flights.on("10.0.0.1:8000")) == REQUESTS_REMEMBERED
+    assert "adapter-0" not in flights.on("10.0.0.1:8000")
+    flights.on_endpoints(frozenset({"10.0.0.2:8000"}))
+    assert flights.on("10.0.0.1:8000") == frozenset()

@@ -12,12 +12,8 @@ import pytest
 from tests.unit.scheduling.builders import request
 
 from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED, Finished, Routed
-from endpoint_picker.scheduling.predictor import (
-    TPOT_PRIOR,
-    TTFT_PRIOR,
-    LatencyPredictor,
-    OnlineLinear,
-)
+from endpoint_picker.scheduling.predictor import TPOT_PRIOR, TTFT_PRIOR, LatencyPredictor
+from endpoint_picker.scheduling.rls import OnlineLinear
 
 _ids = itertools.count()
 

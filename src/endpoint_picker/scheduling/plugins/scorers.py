@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from endpoint_picker.errors import kept
 from endpoint_picker.requests import LLMRequest
+from endpoint_picker.scheduling.adapters import is_base_model
 from endpoint_picker.scheduling.lifecycle import Finished, Routed, remember
 from endpoint_picker.scheduling.placement import RingWalk
 from endpoint_picker.scheduling.registry import Params, PluginContext
@@ -158,18 +159,3 @@ class LoraAffinityScorer:
             for e in endpoints
             for m in (e.metrics,)
         ]
-
-
-def is_base_model(model: str, endpoints: Sequence[EndpointState]) -> bool:
-    """``model`` is a candidate's base model and no candidate's adapter.
-
-    Checked across candidates, not per endpoint: an endpoint not scraped yet knows no base
-    model, and must not be told apart from the others for it.
-    """
-    if not any(model in e.metrics.base_models for e in endpoints):
-        return False
-    return not any(
-        model in m.active_adapters or model in m.waiting_adapters
-        for e in endpoints
-        for m in (e.metrics,)
-    )
