@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -85,4 +86,26 @@ def published_schema(kind: str) -> tuple[Obj, Obj]:
     """The strict schema of ``kind`` from tests/data/crd_schemas, and where it came from."""
     data = json.loads((SCHEMAS / f"{kind.lower()}.json").read_text())
     assert data["kind"] == kind
-    return strict(data["schema"]), data
+    schema = dict(data["schema"])
+    # Every object may have these, whether the CRD's schema lists them (Istio's does not).
+    schema["properties"] = {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {"type": "object"},
+        **schema["properties"],
+    }
+    return strict(schema), data
+
+
+def pod_args(deployment: dict[str, Any]) -> list[str]:
+    """The container's args as the kubelet runs them: `$(VAR)` expanded from the env entries
+    that read the pod's own labels (the downward API), as Kubernetes does."""
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    values = {}
+    for env in container.get("env", []):
+        path = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
+        match = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+        if match:
+            values[env["name"]] = template["metadata"]["labels"][match[1]]
+    return [re.sub(r"\$\((\w+)\)", lambda m: values.get(m[1], m[0]), a) for a in container["args"]]

@@ -23,6 +23,7 @@ from tests.support.deploy import (
     kustomize_text,
     load_all,
     named,
+    pod_args,
     strict,
 )
 
@@ -57,20 +58,6 @@ def cluster_roles() -> list[dict[str, Any]]:
 def crds() -> list[dict[str, Any]]:
     """The CRDs as `kubectl apply -k deploy/crds` installs them (upstream's, patched)."""
     return kustomize(DEPLOY / "crds")
-
-
-def pod_args(deployment: dict[str, Any]) -> list[str]:
-    """The container's args as the kubelet runs them: `$(VAR)` expanded from the env entries
-    that read the pod's own labels (the downward API), as Kubernetes does."""
-    template = deployment["spec"]["template"]
-    (container,) = template["spec"]["containers"]
-    values = {}
-    for env in container.get("env", []):
-        path = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
-        match = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
-        if match:
-            values[env["name"]] = template["metadata"]["labels"][match[1]]
-    return [re.sub(r"\$\((\w+)\)", lambda m: values.get(m[1], m[0]), a) for a in container["args"]]
 
 
 def crd_schema(crds: list[dict[str, Any]], group: str, plural: str, version: str) -> Any:
