@@ -495,11 +495,13 @@ def test_envoy_gateway_kustomization_renders_every_file_once(
     """`kubectl kustomize deploy/examples/kubernetes/envoy-gateway` renders every YAML file of
     the directory but the cluster-scoped GatewayClass (applied on its own, so that the
     kustomization's namespace is not forced onto it): the Gateway, the placeholder Service,
-    the HTTPRoute and the two policies, once each."""
+    the HTTPRoute, the two policies and the NetworkPolicy, once each."""
     kustomization = yaml.safe_load((ENVOY_GATEWAY / "kustomization.yaml").read_text())
     files = sorted(p.name for p in ENVOY_GATEWAY.glob("*.yaml") if p.name != "kustomization.yaml")
     assert sorted(kustomization["resources"]) == sorted(set(files) - {"gatewayclass.yaml"})
-    assert sorted(o["kind"] for o in envoy_gateway) == sorted([*CRD_KINDS, "Service"])
+    assert sorted(o["kind"] for o in envoy_gateway) == sorted(
+        [*CRD_KINDS, "Service", "NetworkPolicy"]
+    )
     (gateway_class,) = load_all(ENVOY_GATEWAY / "gatewayclass.yaml")
     assert gateway_class["kind"] == "GatewayClass"
 
@@ -508,9 +510,10 @@ def test_envoy_gateway_objects_validate_where_kubernetes_validate_has_schemas(
     envoy_gateway: list[dict[str, Any]],
 ) -> None:
     """kubernetes-validate (strict) checks every rendered object it has a schema for, which here
-    is only the placeholder Service: it ships no Gateway API (GatewayClass, Gateway, HTTPRoute)
-    or Envoy Gateway schemas. Those kinds are pinned, so this fails once it learns one of them
-    (then validate it too); their fields are checked against each other by the tests below."""
+    is only the placeholder Service and the NetworkPolicy: it ships no Gateway API (Gateway,
+    HTTPRoute) or Envoy Gateway schemas. Those kinds are pinned, so this fails once it learns
+    one of them; test_deploy_cluster.py validates them against their projects' published CRD
+    schemas, and the tests below check their fields against each other."""
     unknown = set()
     for obj in envoy_gateway:
         try:

@@ -12,6 +12,7 @@ import math
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 import kubernetes_validate  # type: ignore[import-untyped]  # no py.typed
@@ -536,6 +537,43 @@ def test_envoy_gateway_xds_names_follow_the_namespace() -> None:
         assert f"{namespace}/inference-gateway/llm-gw" in names
         assert f"envoyextensionpolicy/{namespace}/endpoint-picker/extproc/0" in names
         assert any(f"'httproute/{namespace}/llm-route/rule/0'" in n for n in names)
+
+
+def test_network_policies_let_only_the_gateway_open_ext_proc_streams() -> None:
+    """The Istio and Envoy Gateway examples' NetworkPolicy selects the walkthrough's EPP pods
+    (not the model servers), opens the ext_proc port only to the pods of the Gateway the
+    example creates (Istio's gateway-name label; Envoy Gateway's owning-gateway labels, its
+    namespace written in), and leaves the health and metrics ports open."""
+    pool = kustomize(EXAMPLES / "pool")
+    epp = named(pool, "Deployment", "endpoint-picker")["spec"]["template"]["metadata"]["labels"]
+    servers = named(pool, "Deployment", POOL)["spec"]["template"]["metadata"]["labels"]
+    for folder in ("istio", "envoy-gateway"):
+        objects = kustomize(EXAMPLES / folder)
+        policy, gateway = only(objects, "NetworkPolicy"), only(objects, "Gateway")
+        selector = policy["spec"]["podSelector"]["matchLabels"]
+        assert selects(selector, epp)
+        assert not selects(selector, servers)
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        by_port: dict[int, list[Any]] = {}
+        for rule in policy["spec"]["ingress"]:
+            for port in rule["ports"]:
+                by_port.setdefault(port["port"], []).append(rule.get("from"))
+        assert sorted(by_port) == [9002, 9003, 9090]
+        assert by_port[9003] == by_port[9090] == [None]  # from anywhere
+        ((peer,),) = by_port[9002]
+        labels = peer["podSelector"]["matchLabels"]
+        name = gateway["metadata"]["name"]
+        if folder == "istio":
+            assert peer == {"podSelector": {"matchLabels": {ISTIO_GATEWAY_LABEL: name}}}
+        else:
+            assert labels == {
+                "gateway.envoyproxy.io/owning-gateway-name": name,
+                "gateway.envoyproxy.io/owning-gateway-namespace": NAMESPACE,
+            }
+            assert "namespaceSelector" in peer
+
+
+ISTIO_GATEWAY_LABEL = "gateway.networking.k8s.io/gateway-name"
 
 
 # -- 9. the walkthrough converges ------------------------------------------------------------
