@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tomllib
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs installed
@@ -14,6 +15,8 @@ import kubernetes_validate  # type: ignore[import-untyped]  # no py.typed
 import pytest
 import yaml
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from tests.support.deploy import (
     DEPLOY,
     EXAMPLES,
@@ -445,6 +448,62 @@ def test_the_image_runs_the_python_the_tests_run_on() -> None:
     bases = re.findall(r"^FROM python:(\d+\.\d+)-slim", (ROOT / "Dockerfile").read_text(), re.M)
     assert len(bases) >= 2
     assert set(bases) == {f"{sys.version_info.major}.{sys.version_info.minor}"}
+
+
+def _lock() -> dict[str, tuple[str, list[str]]]:
+    """requirements.lock: each pinned name (normalized) -> (version, its sha256 hashes)."""
+    text = re.sub(r"\\\n", " ", (ROOT / "requirements.lock").read_text())
+    pins: dict[str, tuple[str, list[str]]] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement, *options = line.split()
+            name, version = requirement.split("==")
+            hashes = [o.removeprefix("--hash=sha256:") for o in options]
+            assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), requirement
+            pins[canonicalize_name(name)] = (version, hashes)
+    return pins
+
+
+def test_dependencies_are_locked_with_hashes_for_every_requirement() -> None:
+    """requirements.lock pins every runtime dependency of pyproject.toml and its build backend
+    to one version that satisfies pyproject's bounds, each with its files' hashes: a dependency
+    added to pyproject.toml without `make lock` fails here."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [
+        *pyproject["project"]["dependencies"],
+        *pyproject["build-system"]["requires"],
+    ]
+    pins = _lock()
+    for text in wanted:
+        requirement = Requirement(text)
+        version, hashes = pins[canonicalize_name(requirement.name)]
+        assert requirement.specifier.contains(version, prereleases=True), (text, version)
+        assert hashes, text
+
+
+def test_the_image_is_reproducible() -> None:
+    """Every stage starts from the same base pinned by digest; the locked dependencies are
+    installed with --require-hashes in a layer before the source is copied (a source edit
+    reuses it), the package after it without resolving anything again; local build leftovers
+    (egg-info) never reach the build context."""
+    dockerfile = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    lines = [line.strip() for line in dockerfile.splitlines() if line.strip()[:1] not in ("", "#")]
+    bases = [line.split()[1] for line in lines if line.upper().startswith("FROM ")]
+    assert len(bases) >= 2
+    assert len(set(bases)) == 1
+    assert re.fullmatch(r"python:\d+\.\d+-slim@sha256:[0-9a-f]{64}", bases[0])
+    copy_lock = lines.index("COPY requirements.lock ./")
+    install = next(i for i, line in enumerate(lines) if "-r requirements.lock" in line)
+    copy_source = next(i for i, line in enumerate(lines) if line.startswith("COPY src"))
+    assert copy_lock < install < copy_source
+    assert "--require-hashes" in lines[install]
+    (package,) = [line for line in lines[copy_source:] if "pip install" in line]
+    assert "--no-deps" in package
+    assert "--no-build-isolation" in package
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "**/*.egg-info" in ignored
+    assert "requirements.lock" not in ignored
 
 
 # -- deploy/examples/kubernetes/envoy-gateway ---------------------------------------------------

@@ -281,31 +281,29 @@ def test_the_examples_use_the_v1_pool_and_endpoint_picker_ref() -> None:
 
 # -- 4 and 5. two pools in one namespace; EPPs in several namespaces ------------------------
 
-OVERLAY = """\
-namespace: {namespace}
-resources: [{{deploy}}/kubernetes]
-{suffix}
-labels:
-  - pairs: {{{label}: {pool}}}
-    includeSelectors: true
-replacements:
-  - source: {{kind: ServiceAccount, fieldPath: metadata.namespace}}
-    targets:
-      - select: {{kind: ClusterRoleBinding}}
-        fieldPaths: [metadata.name]
-        options: {{delimiter: ":", index: 1}}
-"""
+
+def documented_overlay() -> str:
+    """The `my-epp/kustomization.yaml` docs/kubernetes.md tells users to write."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    match = re.search(r"```yaml\n(# my-epp/kustomization.yaml\n.*?)```", text, re.S)
+    assert match, "docs/kubernetes.md shows no my-epp overlay"
+    return match[1]
 
 
 def epp_overlay(namespace: str, pool: str, suffix: str = "") -> list[Obj]:
-    """The EPP of ``pool`` in ``namespace`` as deploy/kubernetes/kustomization.yaml says to
-    write the overlay (a second pool of a namespace with a nameSuffix)."""
-    text = OVERLAY.format(
-        namespace=namespace,
-        pool=pool,
-        label=POOL_LABEL,
-        suffix=f"nameSuffix: {suffix}" if suffix else "",
+    """The EPP of ``pool`` in ``namespace`` from the documented overlay (a second pool of a
+    namespace with the nameSuffix the doc says to add)."""
+    text = documented_overlay()
+    assert "resources: [../deploy/kubernetes]" in text
+    assert "namespace: my-namespace" in text
+    assert f"{{{POOL_LABEL}: my-pool}}" in text
+    text = (
+        text.replace("../deploy/kubernetes", "{deploy}/kubernetes")
+        .replace("namespace: my-namespace", f"namespace: {namespace}")
+        .replace(f"{{{POOL_LABEL}: my-pool}}", f"{{{POOL_LABEL}: {pool}}}")
     )
+    if suffix:
+        text += f"nameSuffix: {suffix}\n"
     return kustomize_text(text)
 
 
@@ -582,10 +580,19 @@ KUBERNETES_DOC = ROOT / "docs" / "kubernetes.md"
 
 
 def documented_commands() -> list[tuple[str, str]]:
-    """Every `kubectl apply -k|-f PATH` of the walkthrough in docs/kubernetes.md."""
-    text = KUBERNETES_DOC.read_text()
-    section = text[text.index("## Deploying on a cluster") :]
-    return re.findall(r"kubectl apply (-k|-f) (deploy/\S+?)`?(?=[\s`])", section)
+    """Every `kubectl apply -k|-f PATH` of the walkthrough: in docs/kubernetes.md's section
+    and in the README's."""
+    doc = KUBERNETES_DOC.read_text()
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("### Deploying on a cluster")
+    sections = [
+        doc[doc.index("## Deploying on a cluster") :],
+        readme[start : readme.index("\n### ", start + 1)],
+    ]
+    pattern = r"kubectl apply (-k|-f) (deploy/\S+?)`?(?=[\s`])"
+    commands = [c for section in sections for c in re.findall(pattern, section)]
+    assert commands
+    return list(dict.fromkeys(commands))
 
 
 def test_every_documented_command_renders_and_the_names_agree(
