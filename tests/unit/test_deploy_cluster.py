@@ -11,6 +11,7 @@ import hashlib
 import math
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -369,14 +370,11 @@ def test_cluster_scoped_names_carry_the_namespace_and_shared_roles_stay_apart() 
 def kustomize_copy(folder: Path, kustomization: str) -> list[Obj]:
     """Render a copy of an example folder with its kustomization.yaml replaced (as a user who
     changes its namespace would), in a temporary folder beside it."""
-    copy = folder.parent / f".test-copy-{folder.name}"
-    shutil.rmtree(copy, ignore_errors=True)
-    try:
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".test-copy-") as parent:
+        copy = Path(parent) / folder.name
         shutil.copytree(folder, copy)
         (copy / "kustomization.yaml").write_text(kustomization)
         return kustomize(copy)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
 
 
 # -- 6 and 7. the drain; the probes --------------------------------------------------------
