@@ -184,7 +184,7 @@ class KubernetesSettings:
     """The Kubernetes source (``--pool-name`` without ``--pool-file``): where and how to watch."""
 
     namespace: str = "default"  # --pool-namespace, else $NAMESPACE, else default
-    group: str = GROUP_V1ALPHA2  # the InferencePool's API group
+    group: str = GROUP_V1  # the InferencePool's API group (v1; --pool-group for v1alpha2)
     kubeconfig: Path | None = None  # None: in-cluster credentials, else $KUBECONFIG, ~/.kube/config
     request_timeout: float = 10.0  # seconds for one list request (connect and read)
     # A watch request asks the API server to end it after this many seconds (timeoutSeconds);

@@ -26,6 +26,8 @@ def kubernetes_settings(api: FakeKubeApi, tmp_path: Path, *flags: str) -> Settin
         "serve",
         "--pool-name",
         "pool",
+        "--pool-group",  # the fixtures of tests/support/pool.py are v1alpha2
+        "inference.networking.x-k8s.io",
         "--kubeconfig",
         str(write_kubeconfig(tmp_path / "kubeconfig", api.url)),
         "--bind-address",

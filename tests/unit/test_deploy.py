@@ -5,13 +5,9 @@ Dockerfile runs as non-root without build tools."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
+import tomllib
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs installed
@@ -19,6 +15,20 @@ import kubernetes_validate  # type: ignore[import-untyped]  # no py.typed
 import pytest
 import yaml
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from tests.support.deploy import (
+    DEPLOY,
+    EXAMPLES,
+    K8S_VERSION,
+    ROOT,
+    kustomize,
+    kustomize_text,
+    load_all,
+    named,
+    pod_args,
+    strict,
+)
 
 from endpoint_picker.cli import build_parser, settings_from_args
 from endpoint_picker.extproc import stream, wire
@@ -27,29 +37,6 @@ from endpoint_picker.settings import MetricsAuth, Settings
 from endpoint_picker.status.server import OPEN_PATHS, OPEN_PREFIX, MetricsServer
 
 pytestmark = pytest.mark.timeout(60)
-
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
-K8S_VERSION = "1.32.0"  # the oldest Kubernetes the manifests target (gRPC probes are GA)
-
-
-def load_all(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def kustomize(path: Path) -> list[dict[str, Any]]:
-    """Every object `kubectl kustomize PATH` renders (the test skips without kubectl)."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 @pytest.fixture(scope="module")
@@ -64,31 +51,34 @@ def rendered(rendered_all: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {d["kind"]: d for d in rendered_all}
 
 
-def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    return obj
+@pytest.fixture(scope="module")
+def cluster_roles() -> list[dict[str, Any]]:
+    """The ClusterRoles every EPP shares, `kubectl kustomize deploy/kubernetes/cluster`."""
+    return kustomize(DEPLOY / "kubernetes" / "cluster")
 
 
-def crd_schema(group: str, plural: str, version: str) -> dict[str, Any]:
-    for path in (DEPLOY / "crds").glob("*.yaml"):
-        for doc in load_all(path):
-            if doc["kind"] != "CustomResourceDefinition":
-                continue
-            spec = doc["spec"]
-            if spec["group"] == group and spec["names"]["plural"] == plural:
-                for v in spec["versions"]:
-                    if v["name"] == version:
-                        return dict(v["schema"]["openAPIV3Schema"])
+@pytest.fixture(scope="module")
+def crds() -> list[dict[str, Any]]:
+    """The CRDs as `kubectl apply -k deploy/crds` installs them (upstream's, patched)."""
+    return kustomize(DEPLOY / "crds")
+
+
+def crd_schema(crds: list[dict[str, Any]], group: str, plural: str, version: str) -> Any:
+    """The strict schema of one version of one of the rendered CRDs."""
+    for doc in crds:
+        spec = doc["spec"]
+        if spec["group"] == group and spec["names"]["plural"] == plural:
+            for v in spec["versions"]:
+                if v["name"] == version:
+                    return strict(v["schema"]["openAPIV3Schema"])
     raise AssertionError(f"no CRD for {plural}.{group}/{version}")
 
 
 def test_kustomize_base_renders_the_expected_objects(rendered_all: list[dict[str, Any]]) -> None:
     """kubectl kustomize deploy/kubernetes gives exactly the EPP's objects: its five, and the
-    metrics port's two ClusterRoles and one ClusterRoleBinding."""
+    metrics port's ClusterRoleBinding (the ClusterRoles are deploy/kubernetes/cluster's)."""
     assert sorted((o["kind"], o["metadata"]["name"]) for o in rendered_all) == [
-        ("ClusterRole", "endpoint-picker-metrics-auth"),
-        ("ClusterRole", "endpoint-picker-metrics-reader"),
-        ("ClusterRoleBinding", "endpoint-picker-metrics-auth"),
+        ("ClusterRoleBinding", "endpoint-picker:default:metrics-auth"),
         ("Deployment", "endpoint-picker"),
         ("Role", "endpoint-picker"),
         ("RoleBinding", "endpoint-picker"),
@@ -99,11 +89,13 @@ def test_kustomize_base_renders_the_expected_objects(rendered_all: list[dict[str
 
 def test_rendered_objects_and_crds_validate_against_kubernetes_schemas(
     rendered_all: list[dict[str, Any]],
+    cluster_roles: list[dict[str, Any]],
+    crds: list[dict[str, Any]],
 ) -> None:
-    """Every rendered object and every CRD passes Kubernetes' own schemas (strict)."""
-    crds = [d for p in sorted((DEPLOY / "crds").glob("*_*.yaml")) for d in load_all(p)]
+    """Every rendered object, shared ClusterRole and CRD passes Kubernetes' own schemas
+    (strict)."""
     assert len(crds) == 4
-    for obj in [*rendered_all, *crds]:
+    for obj in [*rendered_all, *cluster_roles, *crds]:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
@@ -131,10 +123,10 @@ def test_deployment_is_hardened_and_probed_on_9003(rendered: dict[str, dict[str,
 def test_deployment_args_parse_into_kubernetes_settings(
     rendered: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The Deployment's arguments are valid `epp` flags selecting the Kubernetes source."""
-    (container,) = rendered["Deployment"]["spec"]["template"]["spec"]["containers"]
+    """The Deployment's arguments, as the kubelet expands them, are valid `epp` flags selecting
+    the Kubernetes source and the pool its label names."""
     monkeypatch.setenv("NAMESPACE", "serving")  # what the downward API sets
-    settings = settings_from_args(build_parser().parse_args(container["args"]))
+    settings = settings_from_args(build_parser().parse_args(pod_args(rendered["Deployment"])))
     assert settings.pool.pool_file is None
     assert settings.pool.pool_name == "vllm-llama3-8b"
     assert settings.pool.kubernetes.namespace == "serving"
@@ -146,12 +138,12 @@ def test_deployment_args_parse_into_kubernetes_settings(
 
 
 def test_metrics_auth_rbac_lets_the_epp_review_tokens_and_nothing_more(
-    rendered_all: list[dict[str, Any]],
+    rendered_all: list[dict[str, Any]], cluster_roles: list[dict[str, Any]]
 ) -> None:
     """The EPP's ServiceAccount may create tokenreviews and subjectaccessreviews (cluster-wide
-    kinds: a ClusterRole and ClusterRoleBinding), nothing else; the binding follows the
-    ServiceAccount into the overlay's namespace."""
-    role = named(rendered_all, "ClusterRole", "endpoint-picker-metrics-auth")
+    kinds: the shared ClusterRole, bound by the overlay's ClusterRoleBinding), nothing else;
+    the binding follows the ServiceAccount into the overlay's namespace."""
+    role = named(cluster_roles, "ClusterRole", "endpoint-picker-metrics-auth")
     assert role["rules"] == [
         {
             "apiGroups": ["authentication.k8s.io"],
@@ -164,7 +156,7 @@ def test_metrics_auth_rbac_lets_the_epp_review_tokens_and_nothing_more(
             "verbs": ["create"],
         },
     ]
-    binding = named(rendered_all, "ClusterRoleBinding", "endpoint-picker-metrics-auth")
+    (binding,) = [o for o in rendered_all if o["kind"] == "ClusterRoleBinding"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -174,20 +166,19 @@ def test_metrics_auth_rbac_lets_the_epp_review_tokens_and_nothing_more(
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account, "namespace": "default"}
     ]
-    overlay = kustomize_overlay("namespace: serving\n")
-    (subject,) = named(overlay, "ClusterRoleBinding", "endpoint-picker-metrics-auth")["subjects"]
+    overlay = kustomize_text("resources: [{deploy}/kubernetes]\nnamespace: serving\n")
+    (binding,) = [o for o in overlay if o["kind"] == "ClusterRoleBinding"]
+    (subject,) = binding["subjects"]
     assert subject["namespace"] == "serving"
 
 
-def test_metrics_reader_role_grants_get_on_every_guarded_path_of_the_port() -> None:
+def test_metrics_reader_role_grants_get_on_every_guarded_path_of_the_port(
+    cluster_roles: list[dict[str, Any]],
+) -> None:
     """endpoint-picker-metrics-reader allows `get` on exactly the metrics port's routes that
     need a token (the server's routes but the open probes and page files): what Prometheus and
     the status page read, so a new route cannot be forgotten here."""
-    (role,) = [
-        d
-        for d in load_all(DEPLOY / "kubernetes" / "metrics-auth.yaml")
-        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "endpoint-picker-metrics-reader"
-    ]
+    role = named(cluster_roles, "ClusterRole", "endpoint-picker-metrics-reader")
     (rule,) = role["rules"]
     assert rule["verbs"] == ["get"]
     server = MetricsServer(lambda: b"", None)  # type: ignore[arg-type]  # routes only
@@ -198,14 +189,15 @@ def test_metrics_reader_role_grants_get_on_every_guarded_path_of_the_port() -> N
 
 
 def test_rbac_is_namespaced_and_read_only(rendered: dict[str, dict[str, Any]]) -> None:
-    """The Role only reads pods and the inference kinds; it is bound to the EPP."""
+    """The Role only lists and watches pods, the v1 pool and the inference kinds (the source
+    never gets one object); it is bound to the EPP."""
     rules = rendered["Role"]["rules"]
-    assert {v for r in rules for v in r["verbs"]} == {"get", "list", "watch"}
-    assert {res for r in rules for res in r["resources"]} == {
-        "pods",
-        "inferencepools",
-        "inferencemodels",
-        "inferenceobjectives",
+    assert {v for r in rules for v in r["verbs"]} == {"list", "watch"}
+    assert {(g, res) for r in rules for g in r["apiGroups"] for res in r["resources"]} == {
+        ("", "pods"),
+        ("inference.networking.k8s.io", "inferencepools"),
+        ("inference.networking.x-k8s.io", "inferencemodels"),
+        ("inference.networking.x-k8s.io", "inferenceobjectives"),
     }
     binding = rendered["RoleBinding"]
     assert binding["subjects"][0]["name"] == rendered["ServiceAccount"]["metadata"]["name"]
@@ -215,31 +207,22 @@ def test_rbac_is_namespaced_and_read_only(rendered: dict[str, dict[str, Any]]) -
     )
 
 
-def test_ha_component_adds_two_replicas_leader_election_and_lease_rbac(tmp_path: Path) -> None:
+def render_ha() -> list[dict[str, Any]]:
+    """deploy/kubernetes with the ha component, in an overlay."""
+    return kustomize_text(
+        "resources: [{deploy}/kubernetes]\ncomponents: [{deploy}/kubernetes/ha]\n"
+    )
+
+
+def test_ha_component_adds_two_replicas_leader_election_and_lease_rbac() -> None:
     """deploy/kubernetes/ha in an overlay: two replicas, the flag (which parses), and lease
     verbs in a Role of their own; every object still validates."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    base = os.path.relpath(DEPLOY / "kubernetes", tmp_path)
-    (tmp_path / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [{base}]\ncomponents: [{base}/ha]\n"
-    )
-    out = subprocess.run(
-        [kubectl, "kustomize", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    objects = [d for d in yaml.safe_load_all(out) if d]
+    objects = render_ha()
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     assert deployment["spec"]["replicas"] == 2
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    settings = settings_from_args(build_parser().parse_args(container["args"]))
+    settings = settings_from_args(build_parser().parse_args(pod_args(deployment)))
     assert settings.pool.kubernetes.leader_election
     lease_rules = [
         r for o in objects if o["kind"] == "Role" for r in o["rules"] if "leases" in r["resources"]
@@ -253,34 +236,24 @@ def test_ha_component_adds_two_replicas_leader_election_and_lease_rbac(tmp_path:
     ]
 
 
-def kustomize_overlay(extra: str, components: str = "") -> list[dict[str, Any]]:
-    """Render an overlay of deploy/kubernetes (``extra``: more kustomization lines)."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    with tempfile.TemporaryDirectory() as folder:
-        base = os.path.relpath(DEPLOY / "kubernetes", folder)
-        (Path(folder) / "kustomization.yaml").write_text(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-            f"resources: [{base}]\n{extra}"
-        )
-        out = subprocess.run(
-            [kubectl, "kustomize", folder], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+@pytest.fixture(scope="module")
+def monitoring() -> list[dict[str, Any]]:
+    return kustomize(EXAMPLES / "monitoring")
 
 
 def test_service_monitor_example_scrapes_the_service_with_a_reader_token(
+    monitoring: list[dict[str, Any]],
     rendered_all: list[dict[str, Any]],
+    cluster_roles: list[dict[str, Any]],
 ) -> None:
-    """deploy/examples/kubernetes/servicemonitor.yaml: its ServiceAccount, token Secret and
+    """deploy/examples/kubernetes/monitoring: its ServiceAccount, token Secret and
     ClusterRoleBinding pass Kubernetes' schemas; the binding gives that ServiceAccount the
-    base's metrics-reader role; the ServiceMonitor selects the base's Service by its labels,
+    shared metrics-reader role; the ServiceMonitor selects the base's Service by its labels,
     scrapes a port the Service names at /metrics, and sends the Secret's token as a bearer
-    token; the PodMonitor sends the same token."""
-    docs = load_all(DEPLOY / "examples" / "kubernetes" / "servicemonitor.yaml")
+    token; the PodMonitor selects the EPP's pods and sends the same token."""
+    docs = monitoring
     for doc in docs:
-        if doc["kind"] != "ServiceMonitor":
+        if doc["kind"] not in ("ServiceMonitor", "PodMonitor"):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     account = named(docs, "ServiceAccount", "endpoint-picker-metrics-scraper")
     (secret,) = [d for d in docs if d["kind"] == "Secret"]
@@ -288,10 +261,14 @@ def test_service_monitor_example_scrapes_the_service_with_a_reader_token(
     annotation = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
     assert annotation == account["metadata"]["name"]
     (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
-    reader = named(rendered_all, "ClusterRole", "endpoint-picker-metrics-reader")
+    reader = named(cluster_roles, "ClusterRole", "endpoint-picker-metrics-reader")
     assert binding["roleRef"]["name"] == reader["metadata"]["name"]
-    assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [
-        ("ServiceAccount", account["metadata"]["name"])
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
     ]
     (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     service = named(rendered_all, "Service", "endpoint-picker")
@@ -305,43 +282,55 @@ def test_service_monitor_example_scrapes_the_service_with_a_reader_token(
         "credentials": {"name": secret["metadata"]["name"], "key": "token"},
     }
     assert endpoint["authorization"] == bearer
-    (pod_monitor,) = load_all(DEPLOY / "examples" / "kubernetes" / "podmonitor.yaml")
+    (pod_monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
     (pod_endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]
     assert pod_endpoint["authorization"] == bearer
+    pod_labels = named(rendered_all, "Deployment", "endpoint-picker")["spec"]["template"]
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= (
+        pod_labels["metadata"]["labels"].items()
+    )
+
+
+INFERENCE_KINDS = ("InferencePool", "InferenceModel", "InferenceObjective")
 
 
 def _example_objects() -> list[dict[str, Any]]:
-    docs = load_all(DEPLOY / "examples" / "pool.yaml")
-    for path in sorted((DEPLOY / "examples").glob("kubernetes/*.yaml")):
-        docs += load_all(path)
-    return [
-        d for d in docs if d["kind"] in ("InferencePool", "InferenceModel", "InferenceObjective")
+    """The inference objects of the examples: the walkthrough's (v1 pool), its v1alpha2
+    variant's, and deploy/examples/pool.yaml's."""
+    docs = [
+        *load_all(DEPLOY / "examples" / "pool.yaml"),
+        *kustomize(EXAMPLES / "pool"),
+        *kustomize(EXAMPLES / "v1alpha2"),
     ]
+    return [d for d in docs if d["kind"] in INFERENCE_KINDS]
 
 
-def _schema_for(obj: dict[str, Any]) -> dict[str, Any]:
+def _schema_for(crds: list[dict[str, Any]], obj: dict[str, Any]) -> Any:
     group, version = obj["apiVersion"].split("/")
-    return crd_schema(group, obj["kind"].lower() + "s", version)
+    return crd_schema(crds, group, obj["kind"].lower() + "s", version)
 
 
-def test_example_pools_and_models_validate_against_the_repo_crds() -> None:
-    """Every example InferencePool, InferenceModel and InferenceObjective satisfies the repo's
-    CRD schema."""
+def test_example_pools_and_models_validate_against_the_repo_crds(
+    crds: list[dict[str, Any]],
+) -> None:
+    """Every example InferencePool (v1 and v1alpha2), InferenceModel and InferenceObjective
+    satisfies the CRD schema deploy/crds installs, strictly (no field the CRD lacks)."""
     objects = _example_objects()
-    assert {o["kind"] for o in objects} == {"InferencePool", "InferenceModel", "InferenceObjective"}
+    assert {(o["kind"], o["apiVersion"]) for o in objects} == {
+        ("InferencePool", "inference.networking.k8s.io/v1"),
+        ("InferencePool", "inference.networking.x-k8s.io/v1alpha2"),
+        ("InferenceModel", "inference.networking.x-k8s.io/v1alpha2"),
+        ("InferenceObjective", "inference.networking.x-k8s.io/v1alpha2"),
+    }
     for obj in objects:
-        jsonschema.validate(obj, _schema_for(obj))
+        jsonschema.validate(obj, _schema_for(crds, obj))
 
 
 def test_example_workloads_validate_against_kubernetes_schemas() -> None:
-    """The examples' built-in kinds (the vLLM Deployment) pass Kubernetes' own schemas."""
-    builtin = [
-        d
-        for path in sorted((DEPLOY / "examples").glob("kubernetes/*.yaml"))
-        for d in load_all(path)
-        if d["apiVersion"] in ("v1", "apps/v1")
-    ]
-    assert builtin
+    """The walkthrough's built-in kinds (the vLLM Deployment, the EPP's objects) pass
+    Kubernetes' own schemas."""
+    builtin = [d for d in kustomize(EXAMPLES / "pool") if d["kind"] not in INFERENCE_KINDS]
+    assert {"Deployment", "Service"} <= {d["kind"] for d in builtin}
     for obj in builtin:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
@@ -354,28 +343,29 @@ def test_example_workloads_validate_against_kubernetes_schemas() -> None:
             {"modelName": "m", "poolRef": {"name": "p"}, "criticality": "Urgent"},
             "criticality",
         ),
-        ("InferenceModel", {"modelName": "", "poolRef": {"name": "p"}}, "modelName"),
         ("InferenceModel", {"modelName": "m" * 257, "poolRef": {"name": "p"}}, "modelName"),
+        ("InferenceModel", {"modelName": "m"}, "poolRef"),
         (
             "InferenceModel",
             {
                 "modelName": "m",
                 "poolRef": {"name": "p"},
-                "targetModels": [{"name": "a", "weight": -1}],
+                "objective": {"desiredAveragePerOutputTokenLatencyAtP95OverMultipleRequests": "x"},
             },
-            "weight",
+            "objective",
         ),
-        ("InferenceModel", {"modelName": "m"}, "poolRef"),
         ("InferenceObjective", {"poolRef": {"name": "p"}, "priority": "high"}, "priority"),
-        ("InferenceObjective", {"poolRef": {"name": "p"}, "priority": 2**31}, "priority"),
         ("InferenceObjective", {"priority": 1}, "poolRef"),
-        ("InferencePool", {"selector": {"app": "x"}, "targetPortNumber": 0}, "targetPortNumber"),
         (
             "InferencePool",
-            {"selector": {"app": "x"}, "targetPortNumber": 70000},
+            {"selector": {"app": "x"}, "targetPortNumber": 0, "extensionRef": {"name": "e"}},
             "targetPortNumber",
         ),
-        ("InferencePool", {"selector": {}, "targetPortNumber": 8000}, "selector"),
+        (
+            "InferencePool",
+            {"selector": {"app": "x"}, "targetPortNumber": 70000, "extensionRef": {"name": "e"}},
+            "targetPortNumber",
+        ),
         (
             "InferencePool",
             {
@@ -387,8 +377,10 @@ def test_example_workloads_validate_against_kubernetes_schemas() -> None:
         ),
     ],
 )
-def test_crd_bounds_refuse_out_of_range_fields(kind: str, spec: dict[str, Any], field: str) -> None:
-    """The CRDs' OpenAPI bounds refuse bad enums, lengths, weights and ports."""
+def test_crd_bounds_refuse_out_of_range_fields(
+    crds: list[dict[str, Any]], kind: str, spec: dict[str, Any], field: str
+) -> None:
+    """The CRDs' OpenAPI bounds refuse bad enums, lengths, ports and objectives."""
     obj = {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
         "kind": kind,
@@ -396,13 +388,13 @@ def test_crd_bounds_refuse_out_of_range_fields(kind: str, spec: dict[str, Any], 
         "spec": spec,
     }
     with pytest.raises(jsonschema.ValidationError) as info:
-        jsonschema.validate(obj, _schema_for(obj))
+        jsonschema.validate(obj, _schema_for(crds, obj))
     assert field in "/".join(map(str, info.value.absolute_path)) + info.value.message
 
 
-def test_v1_pool_crd_needs_endpoint_picker_ref_and_bounded_ports() -> None:
-    """The v1 InferencePool requires endpointPickerRef and one to eight target ports."""
-    schema = crd_schema("inference.networking.k8s.io", "inferencepools", "v1")
+def test_v1_pool_crd_bounds_its_target_ports(crds: list[dict[str, Any]]) -> None:
+    """The v1 InferencePool requires a selector and one to eight target ports."""
+    schema = crd_schema(crds, "inference.networking.k8s.io", "inferencepools", "v1")
     good: dict[str, Any] = {
         "apiVersion": "inference.networking.k8s.io/v1",
         "kind": "InferencePool",
@@ -417,7 +409,7 @@ def test_v1_pool_crd_needs_endpoint_picker_ref_and_bounded_ports() -> None:
     bad_specs: tuple[dict[str, Any], ...] = (
         {**good["spec"], "targetPorts": []},
         {**good["spec"], "targetPorts": [{"number": p} for p in range(8000, 8009)]},
-        {k: v for k, v in good["spec"].items() if k != "endpointPickerRef"},
+        {k: v for k, v in good["spec"].items() if k != "selector"},
     )
     for bad_spec in bad_specs:
         with pytest.raises(jsonschema.ValidationError):
@@ -458,11 +450,67 @@ def test_the_image_runs_the_python_the_tests_run_on() -> None:
     assert set(bases) == {f"{sys.version_info.major}.{sys.version_info.minor}"}
 
 
+def _lock() -> dict[str, tuple[str, list[str]]]:
+    """requirements.lock: each pinned name (normalized) -> (version, its sha256 hashes)."""
+    text = re.sub(r"\\\n", " ", (ROOT / "requirements.lock").read_text())
+    pins: dict[str, tuple[str, list[str]]] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement, *options = line.split()
+            name, version = requirement.split("==")
+            hashes = [o.removeprefix("--hash=sha256:") for o in options]
+            assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), requirement
+            pins[canonicalize_name(name)] = (version, hashes)
+    return pins
+
+
+def test_dependencies_are_locked_with_hashes_for_every_requirement() -> None:
+    """requirements.lock pins every runtime dependency of pyproject.toml and its build backend
+    to one version that satisfies pyproject's bounds, each with its files' hashes: a dependency
+    added to pyproject.toml without `make lock` fails here."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [
+        *pyproject["project"]["dependencies"],
+        *pyproject["build-system"]["requires"],
+    ]
+    pins = _lock()
+    for text in wanted:
+        requirement = Requirement(text)
+        version, hashes = pins[canonicalize_name(requirement.name)]
+        assert requirement.specifier.contains(version, prereleases=True), (text, version)
+        assert hashes, text
+
+
+def test_the_image_is_reproducible() -> None:
+    """Every stage starts from the same base pinned by digest; the locked dependencies are
+    installed with --require-hashes in a layer before the source is copied (a source edit
+    reuses it), the package after it without resolving anything again; local build leftovers
+    (egg-info) never reach the build context."""
+    dockerfile = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    lines = [line.strip() for line in dockerfile.splitlines() if line.strip()[:1] not in ("", "#")]
+    bases = [line.split()[1] for line in lines if line.upper().startswith("FROM ")]
+    assert len(bases) >= 2
+    assert len(set(bases)) == 1
+    assert re.fullmatch(r"python:\d+\.\d+-slim@sha256:[0-9a-f]{64}", bases[0])
+    copy_lock = lines.index("COPY requirements.lock ./")
+    install = next(i for i, line in enumerate(lines) if "-r requirements.lock" in line)
+    copy_source = next(i for i, line in enumerate(lines) if line.startswith("COPY src"))
+    assert copy_lock < install < copy_source
+    assert "--require-hashes" in lines[install]
+    (package,) = [line for line in lines[copy_source:] if "pip install" in line]
+    assert "--no-deps" in package
+    assert "--no-build-isolation" in package
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "**/*.egg-info" in ignored
+    assert "requirements.lock" not in ignored
+
+
 # -- deploy/examples/kubernetes/envoy-gateway ---------------------------------------------------
 
-ENVOY_GATEWAY = DEPLOY / "examples" / "kubernetes" / "envoy-gateway"
+ENVOY_GATEWAY = EXAMPLES / "envoy-gateway"
 # The kinds kubernetes-validate has no schema for (Gateway API and Envoy Gateway CRDs).
-CRD_KINDS = {"GatewayClass", "Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "EnvoyPatchPolicy"}
+CRD_KINDS = {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "EnvoyPatchPolicy"}
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ROUTE_CONFIGURATION = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 # Envoy Gateway's extProc body modes and the Envoy BodySendMode each becomes.
@@ -485,10 +533,8 @@ def _only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def _namespace(objects: list[dict[str, Any]]) -> str:
-    """The one namespace of the namespaced objects (unset: `default`, what the patch assumes)."""
-    (namespace,) = {
-        o["metadata"].get("namespace", "default") for o in objects if o["kind"] != "GatewayClass"
-    }
+    """The one namespace of the rendered objects (the kustomization's `namespace:`)."""
+    (namespace,) = {o["metadata"]["namespace"] for o in objects}
     return str(namespace)
 
 
@@ -498,29 +544,35 @@ def _epp_settings(
     """The settings deploy/kubernetes's Deployment gives the EPP, and its container."""
     (container,) = rendered["Deployment"]["spec"]["template"]["spec"]["containers"]
     monkeypatch.setenv("NAMESPACE", "serving")
-    return settings_from_args(build_parser().parse_args(container["args"])), container
+    args = pod_args(rendered["Deployment"])
+    return settings_from_args(build_parser().parse_args(args)), container
 
 
 def test_envoy_gateway_kustomization_renders_every_file_once(
     envoy_gateway: list[dict[str, Any]],
 ) -> None:
     """`kubectl kustomize deploy/examples/kubernetes/envoy-gateway` renders every YAML file of
-    the directory: the GatewayClass, the Gateway, the placeholder Service, the HTTPRoute and the
-    two policies, once each; no namespace is forced onto the cluster-scoped GatewayClass."""
+    the directory but the cluster-scoped GatewayClass (applied on its own, so that the
+    kustomization's namespace is not forced onto it): the Gateway, the placeholder Service,
+    the HTTPRoute, the two policies and the NetworkPolicy, once each."""
     kustomization = yaml.safe_load((ENVOY_GATEWAY / "kustomization.yaml").read_text())
     files = sorted(p.name for p in ENVOY_GATEWAY.glob("*.yaml") if p.name != "kustomization.yaml")
-    assert sorted(kustomization["resources"]) == files
-    assert sorted(o["kind"] for o in envoy_gateway) == sorted([*CRD_KINDS, "Service"])
-    assert "namespace" not in _only(envoy_gateway, "GatewayClass")["metadata"]
+    assert sorted(kustomization["resources"]) == sorted(set(files) - {"gatewayclass.yaml"})
+    assert sorted(o["kind"] for o in envoy_gateway) == sorted(
+        [*CRD_KINDS, "Service", "NetworkPolicy"]
+    )
+    (gateway_class,) = load_all(ENVOY_GATEWAY / "gatewayclass.yaml")
+    assert gateway_class["kind"] == "GatewayClass"
 
 
 def test_envoy_gateway_objects_validate_where_kubernetes_validate_has_schemas(
     envoy_gateway: list[dict[str, Any]],
 ) -> None:
     """kubernetes-validate (strict) checks every rendered object it has a schema for, which here
-    is only the placeholder Service: it ships no Gateway API (GatewayClass, Gateway, HTTPRoute)
-    or Envoy Gateway schemas. Those kinds are pinned, so this fails once it learns one of them
-    (then validate it too); their fields are checked against each other by the tests below."""
+    is only the placeholder Service and the NetworkPolicy: it ships no Gateway API (Gateway,
+    HTTPRoute) or Envoy Gateway schemas. Those kinds are pinned, so this fails once it learns
+    one of them; test_deploy_cluster.py validates them against their projects' published CRD
+    schemas, and the tests below check their fields against each other."""
     unknown = set()
     for obj in envoy_gateway:
         try:
@@ -600,7 +652,7 @@ def test_envoy_gateway_patch_policy_names_what_the_other_files_create(
     route's rule-0 cluster to an ORIGINAL_DST cluster reading the EPP's destination header; and
     it adds TLS to the ext_proc cluster exactly when the EPP serves TLS."""
     namespace = _namespace(envoy_gateway)
-    gateway_class = _only(envoy_gateway, "GatewayClass")
+    (gateway_class,) = load_all(ENVOY_GATEWAY / "gatewayclass.yaml")
     gateway = _only(envoy_gateway, "Gateway")
     route = _only(envoy_gateway, "HTTPRoute")
     extension = _only(envoy_gateway, "EnvoyExtensionPolicy")

@@ -68,9 +68,9 @@ POOL = (
     ),
     Flag(
         "--pool-group", "pool.kubernetes.group", f"Kubernetes: the InferencePool's API group: "
-        f"{GROUP_V1ALPHA2} (v1alpha2) or {GROUP_V1} (v1)",
-        doc=f"Kubernetes: the InferencePool's API group: `{GROUP_V1ALPHA2}` (`v1alpha2`) or "
-        f"`{GROUP_V1}` (`v1`)",
+        f"{GROUP_V1} (v1) or {GROUP_V1ALPHA2} (the legacy v1alpha2)",
+        doc=f"Kubernetes: the InferencePool's API group: `{GROUP_V1}` (`v1`, what current "
+        f"gateways read) or `{GROUP_V1ALPHA2}` (the legacy `v1alpha2`)",
         metavar="GROUP", choices=(GROUP_V1ALPHA2, GROUP_V1),
     ),
     Flag(

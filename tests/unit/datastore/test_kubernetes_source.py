@@ -24,12 +24,13 @@ from endpoint_picker.datastore.sources.kubernetes import (
 from endpoint_picker.datastore.sources.kubernetes.reflector import Reflector
 from endpoint_picker.datastore.sources.kubernetes.resources import decode_pod
 from endpoint_picker.errors import ConfigError
-from endpoint_picker.settings import GROUP_V1, KubernetesSettings
+from endpoint_picker.settings import GROUP_V1, GROUP_V1ALPHA2, KubernetesSettings
 from endpoint_picker.types import Criticality
 
 pytestmark = pytest.mark.timeout(20)
 
 FAST = KubernetesSettings(
+    group=GROUP_V1ALPHA2,  # the fixtures of tests/support/pool.py (the default is v1)
     request_timeout=2.0,
     watch_timeout=30.0,
     inactivity_timeout=30.0,
