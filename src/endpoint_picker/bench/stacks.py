@@ -53,6 +53,9 @@ from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
 
 STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
 FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
+# With --kv-events each simulated server publishes on <its address>:KV_EVENTS_PORT (vLLM's
+# default port) and replays on the next port, topic kv@<its address>@<base model>.
+KV_EVENTS_PORT = 5557
 FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
 _EPP_CLUSTER = "endpoint_picker"  # the ext_proc cluster's name in deploy/envoy/templates
 _PYTHON = (sys.executable, "-m", "endpoint_picker")
@@ -78,6 +81,11 @@ class FleetOptions:
     stream_interval: int | None = 8
     # One GPU speed factor per server (``epp sim --server-speeds``); None: all 1.0.
     server_speeds: tuple[float, ...] | None = None
+    # A tokenizer.json for the fleet (``epp sim --tokenizer``); None: the approximate tokenizer.
+    tokenizer: str | None = None
+    # Publish vLLM's KV-cache events (``epp sim --kv-events-port KV_EVENTS_PORT``), in this wire.
+    kv_events: bool = False
+    kv_events_wire: str = "current"
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -109,6 +117,9 @@ class FleetOptions:
             "--server-speeds": (
                 None if self.server_speeds is None else ",".join(map(str, self.server_speeds))
             ),
+            "--tokenizer": self.tokenizer,
+            "--kv-events-port": KV_EVENTS_PORT if self.kv_events else None,
+            "--kv-events-wire": self.kv_events_wire if self.kv_events else None,
         }
         for flag, value in optional.items():
             if value is not None:

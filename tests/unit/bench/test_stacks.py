@@ -321,3 +321,14 @@ def test_direct_config_validates_with_envoy(target: str, tmp_path: Path) -> None
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_sim_args_publish_kv_events_with_the_tokenizer() -> None:
+    """--kv-events and --tokenizer reach `epp sim`: events on port 5557 in the chosen wire."""
+    fleet = FleetOptions(tokenizer="/run/tokenizer.json", kv_events=True, kv_events_wire="legacy")
+    args = fleet.sim_args(plan("m"), 8000)
+    assert args[args.index("--tokenizer") + 1] == "/run/tokenizer.json"
+    assert args[args.index("--kv-events-port") + 1] == "5557"
+    assert args[args.index("--kv-events-wire") + 1] == "legacy"
+    plain = FleetOptions().sim_args(plan("m"), 8000)
+    assert not {"--tokenizer", "--kv-events-port", "--kv-events-wire"} & set(plain)
