@@ -19,6 +19,7 @@ from endpoint_picker_sim.kvevents import BlockRemoved, BlockStored, encode_batch
 from endpoint_picker_sim.kvpublisher import KvEventPublisher
 from endpoint_picker_sim.server import SimServer
 from endpoint_picker_sim.tokenids import approx_token_ids
+from endpoint_picker_sim.tokenizer import render_chat
 
 from .builders import prompt, server_config
 from .conftest import serving
@@ -241,6 +242,28 @@ async def test_a_tokenizer_file_puts_its_token_ids_on_the_wire(
     assert stored
     assert stored[0]["token_ids"] == ids[: len(stored[0]["token_ids"])]
     assert len(stored[0]["token_ids"]) == 16 * (len(ids) // 16)
+
+
+async def test_chat_prompts_are_rendered_then_tokenized_without_special_tokens(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A chat request's ids are the tokenizer's encoding of the Llama-3-style rendering (which
+    holds the BOS), without the tokenizer's own special tokens, as vLLM tokenizes chat."""
+    path = small_tokenizer(tmp_path)
+    messages = [("system", "the cache routes the request " * 4), ("user", "a prefix of tokens")]
+    ids = Tokenizer.from_file(str(path)).encode(render_chat(messages), add_special_tokens=False).ids
+    async with serving(replace(events_server(), tokenizer=str(path)), HOST) as server:
+        sub = await subscribed(server)
+        try:
+            body = {"model": MODEL, "max_tokens": 1,
+                    "messages": [{"role": r, "content": c} for r, c in messages]}  # fmt: skip
+            async with http.post(f"{server.url}/v1/chat/completions", json=body) as resp:
+                assert (await resp.json())["usage"]["prompt_tokens"] == len(ids)
+            batches = await sub.drain()
+        finally:
+            sub.close()
+    stored = next(e for b in batches for e in b.events if e["type"] == "BlockStored")
+    assert stored["token_ids"] == ids[: 16 * (len(ids) // 16)]
 
 
 def test_map_encoding_is_vllm_0_26s_tagged_map() -> None:
