@@ -29,7 +29,6 @@ from endpoint_picker_sim.config import (
     SimConfig,
     Wire,
 )
-from endpoint_picker_sim.kvpublisher import binds
 from endpoint_picker_sim.tokenids import HfTokenIds
 
 log = logging.getLogger("endpoint_picker_sim")
@@ -301,7 +300,7 @@ async def serve(sim: SimConfig) -> None:
                 )  # fmt: skip
                 if (pub := server.publisher) is not None:
                     log.info("sim %s KV events on %s (%s) replay=%s topic=%r wire=%s", server.url,
-                             pub.endpoint, "bind" if binds(pub.endpoint) else "connect",
+                             pub.endpoint, "bind" if pub.binds else "connect",
                              pub.replay_endpoint, pub.topic.decode(), pub.config.wire)  # fmt: skip
             # Everything built so far (notably each engine's block tables) lives as long as the
             # process; freezing it keeps the collector from rescanning it, which otherwise

@@ -78,6 +78,7 @@ class KvEventPublisher:
             else for_server(config.replay_endpoint, host, index, servers)
         )
         self.topic = for_server(config.topic, host, index, servers).encode()
+        self.binds = binds(self.endpoint)
         self._seq = 0
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._ctx = zmq.asyncio.Context.instance()
@@ -96,7 +97,7 @@ class KvEventPublisher:
         pub.set_hwm(self.config.hwm)
         pub.setsockopt(zmq.LINGER, 0)
         try:
-            if binds(self.endpoint):
+            if self.binds:
                 pub.bind(self.endpoint)
             else:
                 pub.connect(self.endpoint)

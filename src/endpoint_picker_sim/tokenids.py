@@ -45,16 +45,37 @@ class TokenIdScheme(Protocol):
         ...
 
 
+# Ids of recently seen 64-character pieces (16 tokens): prompts share long prefixes, and a CRC
+# per token costs 0.5 us where a lookup costs a tenth of that. Cleared when full: bounded.
+_PIECE = 64
+_PIECES_KEPT = 8192
+
+
 class ApproxTokenIds:
     """The deterministic stand-in of the approximate tokenizer (no model files)."""
 
+    def __init__(self) -> None:
+        self._pieces: dict[str, list[int]] = {}
+
     def encode(self, text: str, *, chat: bool) -> list[int]:
-        return approx_token_ids(text)
+        pieces = self._pieces
+        whole = len(text) - len(text) % _PIECE
+        out: list[int] = []
+        for i in range(0, whole, _PIECE):
+            piece = text[i : i + _PIECE]
+            ids = pieces.get(piece)
+            if ids is None:
+                if len(pieces) >= _PIECES_KEPT:
+                    pieces.clear()
+                ids = pieces[piece] = approx_token_ids(piece)
+            out += ids
+        out += approx_token_ids(text[whole:])
+        return out
 
     def extend(self, text: str | None, prompt_ids: Sequence[int], reply: str) -> list[int]:
         # Chunked as one text, as the approximate tokenizer sees a reply quoted in the next turn.
         if text is not None:
-            return approx_token_ids(text + reply)
+            return self.encode(text + reply, chat=False)
         return [*prompt_ids, *approx_token_ids(reply)]
 
 
@@ -68,7 +89,9 @@ class HfTokenIds:
             raise ValueError(f"cannot load tokenizer {path!r}: {exc}") from exc
 
     def encode(self, text: str, *, chat: bool) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=not chat).ids)
+        # encode_batch_fast skips the character offsets: 1.9 ms instead of 6.6 ms for a
+        # 1,600-token prompt here (the simulator needs only the ids).
+        return list(self._tok.encode_batch_fast([text], add_special_tokens=not chat)[0].ids)
 
     def extend(self, text: str | None, prompt_ids: Sequence[int], reply: str) -> list[int]:
-        return [*prompt_ids, *self._tok.encode(reply, add_special_tokens=False).ids]
+        return [*prompt_ids, *self._tok.encode_batch_fast([reply], add_special_tokens=False)[0].ids]

@@ -192,6 +192,7 @@ async def test_connect_mode_every_pod_to_one_bound_subscriber(
     sim = SimConfig(server=replace(server_config(), kv_events=kv), servers=2, port=0)
     try:
         async with running_servers(sim) as servers:
+            assert not any(s.publisher is None or s.publisher.binds for s in servers)
             await sub.settle()
             for server in servers:
                 await complete(http, server.url, prompt(48, "c"))
