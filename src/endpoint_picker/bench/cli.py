@@ -140,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="every server publishes vLLM's KV-cache events (ZeroMQ, port 5557, replay 5558)",
     )  # fmt: skip
     fleet.add_argument(
+        "--kv-events-endpoint", metavar="tcp://HOST:PORT",
+        help="with --kv-events: every server connects to this one endpoint, which the EPP "
+        "binds (llm-d's centralized mode), instead of each binding its own port 5557",
+    )  # fmt: skip
+    fleet.add_argument(
         "--kv-events-wire", choices=("current", "legacy"), default="current",
         help="vLLM >= 0.26 (events as maps) or before (positional arrays)",
     )  # fmt: skip
@@ -252,8 +257,9 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         stream_interval=args.stream_interval,
         server_speeds=args.server_speeds,
         tokenizer=args.tokenizer,
-        kv_events=args.kv_events,
+        kv_events=args.kv_events or args.kv_events_endpoint is not None,
         kv_events_wire=args.kv_events_wire,
+        kv_events_endpoint=args.kv_events_endpoint,
     )
     if any(index >= args.servers for _, _, index in args.disrupt):
         raise BenchError(f"--disrupt names a server beyond --servers {args.servers}")
