@@ -14,16 +14,22 @@ import sys
 from dataclasses import replace
 from typing import NoReturn
 
+import zmq
+
 from endpoint_picker_sim.cluster import addresses, running_servers
 from endpoint_picker_sim.config import (
     DEFAULT_PROFILE,
     PROFILES,
+    WIRES,
     EngineConfig,
     FaultConfig,
+    KvEventsConfig,
     LoraModule,
     ServerConfig,
     SimConfig,
+    Wire,
 )
+from endpoint_picker_sim.tokenids import HfTokenIds
 
 log = logging.getLogger("endpoint_picker_sim")
 
@@ -71,6 +77,15 @@ def _parser() -> argparse.ArgumentParser:
     a("--metrics-delay-ms", type=float, default=0.0)
     a("--metrics-failure-rate", type=float, default=0.0)
     a("--seed", type=int)
+    a("--tokenizer", help="a Hugging Face tokenizer.json: real token ids (default: 4 chars/token)")
+    a("--kv-events-config",
+      help="vLLM's KV-event publisher config, JSON (enable_kv_cache_events, publisher, endpoint, "
+           "replay_endpoint, buffer_steps, hwm, max_queue_size, topic)")  # fmt: skip
+    a("--kv-events-port", type=int,
+      help="publish KV events on tcp://<server>:PORT, replay on PORT+1, topic "
+           "kv@<server>@<model> (shorthand for --kv-events-config)")  # fmt: skip
+    a("--kv-events-wire", default="current", choices=WIRES,
+      help="current: vLLM >= 0.26 (events as maps); legacy: tagged positional arrays")  # fmt: skip
     a("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -92,6 +107,72 @@ def _loras(values: list[str]) -> tuple[LoraModule, ...]:
                 raise UsageError(f"--lora-modules: bad entry {item!r} (use name or name=path)")
             out[name] = LoraModule(name, path or f"/adapters/{name}")
     return tuple(out.values())
+
+
+_KV_KEYS = frozenset(
+    ("enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm",
+     "max_queue_size", "topic")
+)  # fmt: skip
+
+
+def kv_events_config(text: str, wire: Wire) -> KvEventsConfig | None:
+    """vLLM's ``--kv-events-config`` JSON -> a config, or None when events stay off."""
+    try:
+        spec = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--kv-events-config: not JSON: {exc}") from None
+    _check(isinstance(spec, dict), "--kv-events-config must be a JSON object")
+    unknown = sorted(set(spec) - _KV_KEYS)
+    _check(not unknown, f"--kv-events-config: unknown field(s) {unknown}")
+    enabled = spec.get("enable_kv_cache_events", False)
+    _check(isinstance(enabled, bool), "--kv-events-config: enable_kv_cache_events must be a bool")
+    publisher = spec.get("publisher") or ("zmq" if enabled else "null")
+    _check(publisher in ("zmq", "null"), f"--kv-events-config: unknown publisher {publisher!r}")
+    if not enabled or publisher == "null":
+        return None
+    defaults = KvEventsConfig()
+    values: dict[str, object] = {}
+    for key in ("endpoint", "topic"):
+        value = spec.get(key, getattr(defaults, key))
+        _check(isinstance(value, str), f"--kv-events-config: {key} must be a string")
+        values[key] = value
+    replay = spec.get("replay_endpoint")
+    _check(replay is None or isinstance(replay, str),
+           "--kv-events-config: replay_endpoint must be a string or null")  # fmt: skip
+    for key in ("buffer_steps", "hwm", "max_queue_size"):
+        value = spec.get(key, getattr(defaults, key))
+        _check(type(value) is int and value >= 1,
+               f"--kv-events-config: {key} must be a positive integer")  # fmt: skip
+        values[key] = value
+    endpoint = str(values["endpoint"])
+    _check(endpoint.startswith(("tcp://", "ipc://", "inproc://")),
+           f"--kv-events-config: endpoint must be tcp, ipc or inproc: {endpoint!r}")  # fmt: skip
+    return KvEventsConfig(
+        endpoint=endpoint,
+        replay_endpoint=replay,
+        buffer_steps=int(str(values["buffer_steps"])),
+        hwm=int(str(values["hwm"])),
+        max_queue_size=int(str(values["max_queue_size"])),
+        topic=str(values["topic"]),
+        wire=wire,
+    )
+
+
+def _kv_events(ns: argparse.Namespace) -> KvEventsConfig | None:
+    if ns.kv_events_config is not None and ns.kv_events_port is not None:
+        raise UsageError("give --kv-events-config or --kv-events-port, not both")
+    if ns.kv_events_config is not None:
+        return kv_events_config(ns.kv_events_config, ns.kv_events_wire)
+    if ns.kv_events_port is None:
+        return None
+    port = ns.kv_events_port
+    _check(1 <= port <= 65534, f"--kv-events-port out of range: {port}")
+    return KvEventsConfig(
+        endpoint=f"tcp://*:{port}",
+        replay_endpoint=f"tcp://*:{port + 1}",
+        topic=f"kv@${{POD_IP}}@{ns.model}",
+        wire=ns.kv_events_wire,
+    )
 
 
 def _check(ok: bool, message: str) -> None:
@@ -181,10 +262,22 @@ def _config(ns: argparse.Namespace) -> SimConfig:
         stream_interval=ns.stream_interval,
         default_chat_max_tokens=ns.chat_max_tokens,
         seed=ns.seed,
+        kv_events=_kv_events(ns),
+        tokenizer=_tokenizer(ns.tokenizer),
     )
     return SimConfig(
         server=server, servers=ns.servers, address=ns.address, port=ns.port, speeds=speeds
     )
+
+
+def _tokenizer(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        HfTokenIds(path)
+    except ValueError as exc:
+        raise UsageError(f"--tokenizer: {exc}") from None
+    return path
 
 
 async def serve(sim: SimConfig) -> None:
@@ -205,6 +298,10 @@ async def serve(sim: SimConfig) -> None:
                     cfg.engine.num_gpu_blocks, cfg.engine.block_size, cfg.engine.max_num_seqs,
                     cfg.engine.time_scale, server.config.engine.speed,
                 )  # fmt: skip
+                if (pub := server.publisher) is not None:
+                    log.info("sim %s KV events on %s (%s) replay=%s topic=%r wire=%s", server.url,
+                             pub.endpoint, "bind" if pub.binds else "connect",
+                             pub.replay_endpoint, pub.topic.decode(), pub.config.wire)  # fmt: skip
             # Everything built so far (notably each engine's block tables) lives as long as the
             # process; freezing it keeps the collector from rescanning it, which otherwise
             # pauses every engine of the process for milliseconds at a time.
@@ -236,5 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(sim))
     except OSError as exc:
         print(f"epp sim: error: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    except zmq.ZMQError as exc:
+        print(f"epp sim: error: cannot open the KV-event sockets: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -6,6 +6,7 @@ Times in the step model are microseconds of *simulated* GPU time; everything els
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,35 @@ class FaultConfig:
     metrics_failure_rate: float = 0.0
 
 
+# vLLM's KV-event wire generations: "current" is vLLM >= v0.26 (events as maps keyed "type",
+# vllm-project/vllm#42892; replay replies carry the topic, #45177), "legacy" before (events as
+# tagged positional arrays; replay replies without the topic).
+Wire = Literal["current", "legacy"]
+WIRES: tuple[Wire, ...] = ("current", "legacy")
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsConfig:
+    """vLLM's ``--kv-events-config`` (``KVEventsConfig``), as the simulator publishes it.
+
+    ``endpoint``, ``replay_endpoint`` and ``topic`` may hold a tcp wildcard or ``${POD_IP}``:
+    each server of the process substitutes its own address (``kvpublisher.for_server``).
+    """
+
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000  # vLLM's publisher-thread queue; the simulator has none
+    topic: str = ""
+    wire: Wire = "current"
+
+    @property
+    def encoding(self) -> Literal["map", "array"]:
+        """How events are laid out in the batch."""
+        return "map" if self.wire == "current" else "array"
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """One simulated vLLM server: what it serves and how it answers."""
@@ -122,6 +152,10 @@ class ServerConfig:
     # remaining context, which makes an unbounded simulated request by accident).
     default_chat_max_tokens: int = 128
     seed: int | None = None
+    # Publish KV-cache events (None: off, as vLLM's default).
+    kv_events: KvEventsConfig | None = None
+    # A Hugging Face tokenizer.json; None: the approximate 4-characters-per-token tokenizer.
+    tokenizer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,11 @@ waiting requests in FIFO order while the token budget, ``max_num_seqs``, free bl
 slots allow, reusing cached prefix blocks; (3) sleeps for the step's modelled duration; (4)
 commits: computed tokens advance, finished prompt blocks join the prefix cache, each request
 whose tokens are all computed samples one token. Long prompts are prefilled in chunks.
+
+KV-cache events (when ``on_events`` is set): blocks evicted while scheduling and blocks cached
+while committing are sent as one batch per step, after the commit, as vLLM sends one
+``KVEventBatch`` per engine step. (vLLM marks a prompt's full blocks cached when it schedules
+them, one step before the simulator, which caches them once computed.)
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 
 from endpoint_picker_sim.clock import Clock
 from endpoint_picker_sim.config import EngineConfig
 from endpoint_picker_sim.kvcache import BlockManager
+from endpoint_picker_sim.kvevents import BlockStored, KvEvent
 from endpoint_picker_sim.request import FINISH_ABORT, FINISH_LENGTH, SimRequest
 from endpoint_picker_sim.stats import EngineStats
-from endpoint_picker_sim.tokenizer import extend_block_hashes, generate_text
+from endpoint_picker_sim.tokenids import TokenIdScheme
+from endpoint_picker_sim.tokenizer import extend_block_hashes, extend_id_hashes, generate_text
 
 # Late wake-ups (timer rounding, a busy loop, a descheduled process) are caught up by starting
 # the next step at the planned time, so the simulated GPU keeps its throughput. Beyond this much
@@ -31,10 +39,22 @@ class Engine:
     """The scheduler state and its step loop. ``step`` and ``commit`` are synchronous and pure
     with respect to time, so tests can drive them with any timestamps."""
 
-    def __init__(self, config: EngineConfig, clock: Clock) -> None:
+    def __init__(
+        self, config: EngineConfig, clock: Clock, token_ids: TokenIdScheme | None = None
+    ) -> None:
         self.config = config
         self.clock = clock
+        # Set when requests carry token ids: a finished request's reply blocks are hashed over ids.
+        self.token_ids = token_ids
         self.blocks = BlockManager(config.num_gpu_blocks, config.block_size)
+        # Every engine of the fleet (this process), for the oracle hit count; just this one alone.
+        self.fleet: Sequence[BlockManager] = (self.blocks,)
+        # Receives each step's KV-cache events (the publisher); None: events are not recorded.
+        self.on_events: Callable[[list[KvEvent]], None] | None = None
+        # vLLM's lora_int_id: adapters numbered from 1 in the order this engine first serves them.
+        self.lora_ids: dict[str, int] = {}
+        self._in_step = False
+        self._pending_reset: bool | None = None
         self.stats = EngineStats()
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -151,6 +171,13 @@ class Engine:
                 self.stats.queue.observe(max(req.scheduled_at - req.arrival, 0.0))
             self.stats.prefix_queries += req.prompt_len
             self.stats.prefix_hits += cached
+            if len(self.fleet) > 1:
+                # The oracle: the longest prefix any server of the fleet caches right now.
+                held = req.block_hashes[:cacheable]
+                best = max(len(b.cached_prefix(held)) for b in self.fleet)
+                self.stats.oracle_hits += best * bs
+            else:
+                self.stats.oracle_hits += cached
             if lora is not None:
                 if lora in self.loaded_loras:
                     del self.loaded_loras[lora]
@@ -209,7 +236,6 @@ class Engine:
     def commit(self, batch: list[tuple[SimRequest, int]], t: float) -> None:
         """Apply a step that ended at simulated time ``t``."""
         stats = self.stats
-        blocks = self.blocks
         bs = self.config.block_size
         any_finished = False
         itl_value = -1.0
@@ -221,10 +247,8 @@ class Engine:
             hashes = req.block_hashes
             if req.cached_blocks < len(hashes):
                 full = min(req.num_computed // bs, len(hashes))
-                table = req.table
-                for k in range(req.cached_blocks, full):
-                    blocks.cache(table[k], hashes[k])
                 if full > req.cached_blocks:
+                    self._cache_blocks(req, hashes, req.table, req.cached_blocks, full)
                     req.cached_blocks = full
             if req.num_computed < req.prompt_len + req.generated:
                 continue  # a prefill chunk; no token yet
@@ -259,26 +283,121 @@ class Engine:
             self.running = [r for r in self.running if not r.finished]
         self._update_lora_info()
 
+    def _cache_blocks(
+        self,
+        req: SimRequest,
+        hashes: Sequence[int],
+        table: list[int],
+        start: int,
+        end: int,
+        ids: Sequence[int] | None = None,
+    ) -> None:
+        """Cache blocks ``start..end-1`` of ``req`` (``hashes`` and ``ids`` cover at least that
+        far); with events on, one ``BlockStored`` per run of blocks that became cached."""
+        blocks = self.blocks
+        if blocks.events is None or req.token_ids is None:
+            for k in range(start, end):
+                blocks.cache(table[k], hashes[k])
+            return
+        ids = req.token_ids if ids is None else ids
+        run = start
+        for k in range(start, end + 1):
+            if k < end and blocks.cache(table[k], hashes[k]):
+                continue
+            if k > run:
+                self._stored(req, hashes, ids, run, k)
+            run = k + 1
+
+    def _stored(
+        self, req: SimRequest, hashes: Sequence[int], ids: Sequence[int], start: int, end: int
+    ) -> None:
+        assert self.blocks.events is not None
+        bs = self.config.block_size
+        lora = req.lora
+        lora_id = None
+        if lora is not None:
+            lora_id = self.lora_ids.setdefault(lora, len(self.lora_ids) + 1)
+        self.blocks.events.append(
+            BlockStored(
+                block_hashes=tuple(hashes[start:end]),
+                parent=hashes[start - 1] if start else None,
+                token_ids=tuple(ids[start * bs : end * bs]),
+                block_size=bs,
+                lora_id=lora_id,
+                lora_name=lora,
+            )
+        )
+
     def _cache_generated(self, req: SimRequest) -> None:
         """Cache the finished request's full blocks past its prompt, as vLLM caches decode blocks:
         a chat's next turn, which quotes this reply, then hits them too."""
-        if req.text is None:
-            return
-        full = req.text + generate_text(0, req.generated)
+        bs = self.config.block_size
         # The last sampled token's KV was never computed.
-        limit = min(req.num_computed // self.config.block_size, len(req.table))
+        limit = min(req.num_computed // bs, len(req.table))
         known = req.block_hashes
         if limit <= len(known):
             return
+        reply = generate_text(0, req.generated)
+        if req.token_ids is not None and self.token_ids is not None:
+            ids = self.token_ids.extend(req.text, req.token_ids, reply)
+            more = extend_id_hashes(ids, bs, req.lora, known, limit)
+            self._cache_blocks(req, (*known, *more), req.table, len(known), len(known) + len(more),
+                               ids)  # fmt: skip
+            return
+        if req.text is None:
+            return
+        full = req.text + reply
         table = req.table
-        for k, h in enumerate(extend_block_hashes(full, self.config.block_size, req.lora, known,
-                                                  limit), start=len(known)):  # fmt: skip
+        for k, h in enumerate(extend_block_hashes(full, bs, req.lora, known, limit),
+                              start=len(known)):  # fmt: skip
             self.blocks.cache(table[k], h)
 
     def _update_lora_info(self) -> None:
         # vLLM stamps the gauge with the wall time on every step.
         label = (",".join(sorted(self.running_loras)), ",".join(sorted(self.waiting_loras)))
         self.stats.set_lora_info(label[0], label[1], time.time())
+
+    # -- prefix-cache reset and events -----------------------------------------------------
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool | None:
+        """vLLM's ``reset_prefix_cache``: forget every cached block (``AllBlocksCleared``).
+
+        ``reset_running_requests`` first preempts every running request (they recompute later),
+        so the reset succeeds under load; without it a reset with blocks in use is refused
+        (False), as in vLLM. During a step the reset waits for the step's end (None).
+        """
+        if self._in_step:
+            self._pending_reset = reset_running_requests or bool(self._pending_reset)
+            return None
+        done = self._reset_now(reset_running_requests)
+        self.flush_events()
+        return done
+
+    def _reset_now(self, reset_running_requests: bool) -> bool:
+        if reset_running_requests:
+            while self.running:
+                self._preempt(self.running.pop())
+        return self.blocks.reset_prefix_cache()
+
+    def restart(self) -> None:
+        """A crash and restart of the server: every request fails, the cache is empty, and
+        nothing is announced (the new process starts with an empty cache and says nothing)."""
+        for req in [*self.running, *self.waiting]:
+            self.abort(req)
+        events = self.blocks.events
+        self.blocks.events = None
+        self.blocks.reset_prefix_cache()
+        self.blocks.events = None if events is None else []
+        self.loaded_loras.clear()
+        self.lora_ids.clear()
+        self._pending_reset = None
+
+    def flush_events(self) -> None:
+        """Send the events recorded since the last flush as one batch."""
+        if self.on_events is not None:
+            events = self.blocks.take_events()
+            if events:
+                self.on_events(events)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -295,13 +414,22 @@ class Engine:
                 anchor = clock.now()
             batch, duration = self.step()
             if not batch:
+                self.flush_events()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 anchor = clock.now()
                 continue
             end = anchor + duration
-            error = await clock.sleep_until(end)
-            self.commit(batch, end)
+            self._in_step = True
+            try:
+                error = await clock.sleep_until(end)
+                self.commit(batch, end)
+            finally:
+                self._in_step = False
+            if self._pending_reset is not None:
+                self._reset_now(self._pending_reset)
+                self._pending_reset = None
+            self.flush_events()
             late = error if error > 0 else 0.0
             stats.steps += 1
             stats.step_lag.observe(late)

@@ -5,12 +5,21 @@ stays findable by that hash after its request finishes: a freed block with a has
 is only evicted (least recently freed first) when a request needs a fresh block and no empty block
 (one without a hash, nothing worth keeping) is left. Usage, as vLLM reports it, counts
 cached-but-unreferenced blocks as free.
+
+With ``events`` set to a list, the manager records what vLLM's block pool queues for KV-cache
+events: ``BlockRemoved`` for each evicted block, ``AllBlocksCleared`` on a prefix-cache reset.
+``BlockStored`` needs the request's token ids, so the engine records it (``cache`` says whether
+a block became cached). A hash is cached in one block at most: a block whose content another
+block already caches stays uncached and announces nothing (vLLM keeps such duplicates, and may
+then announce one hash twice and remove it while a copy remains; the simulator does not).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+
+from endpoint_picker_sim.kvevents import AllBlocksCleared, BlockRemoved, KvEvent
 
 
 class BlockManager:
@@ -23,6 +32,7 @@ class BlockManager:
         "_empty",
         "_ref",
         "block_size",
+        "events",
         "num_blocks",
     )
 
@@ -38,6 +48,8 @@ class BlockManager:
         self._empty = list(range(num_blocks - 1, -1, -1))
         # Free blocks with cached content, least recently freed first: the eviction order.
         self._cached_free: OrderedDict[int, None] = OrderedDict()
+        # KV-cache events since the engine last took them; None: not recording.
+        self.events: list[KvEvent] | None = None
 
     @property
     def num_free(self) -> int:
@@ -95,15 +107,46 @@ class BlockManager:
                 self._block_hash[b] = None
                 if old is not None and self._by_hash.get(old) == b:
                     del self._by_hash[old]
+                    if self.events is not None:
+                        self.events.append(BlockRemoved((old,)))
             ref[b] = 1
             table.append(b)
         return True
 
-    def cache(self, block: int, block_hash: int) -> None:
-        """Mark a full block as holding the content ``block_hash`` so later requests reuse it."""
+    def cache(self, block: int, block_hash: int) -> bool:
+        """Mark a full block as holding the content ``block_hash`` so later requests reuse it;
+        True when it became cached (False: another block caches that content already)."""
         if self._block_hash[block] is None and block_hash not in self._by_hash:
             self._block_hash[block] = block_hash
             self._by_hash[block_hash] = block
+            return True
+        return False
+
+    def cached_hashes(self) -> set[int]:
+        """Every content hash cached now (what a KV-event subscriber should hold)."""
+        return set(self._by_hash)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's ``reset_prefix_cache``: refused (False) while any
+        block is in use; on success an ``AllBlocksCleared`` event."""
+        if any(self._ref):
+            return False
+        for b in self._by_hash.values():
+            self._block_hash[b] = None
+        self._by_hash.clear()
+        self._empty.extend(self._cached_free)
+        self._cached_free.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KvEvent]:
+        """The events recorded since the last call (empty when not recording)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
 
     def free(self, table: list[int]) -> None:
         """Release a request's blocks, tail first, so a prompt's shared head is evicted last."""

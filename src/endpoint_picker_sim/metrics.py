@@ -98,6 +98,11 @@ _SIM_COUNTERS = (
     ("sim:step_late_seconds", "Simulator: summed lateness of step completions (wall seconds)."),
     ("sim:step_early_seconds", "Simulator: summed earliness of step completions (wall seconds)."),
     ("sim:step_behind_seconds", "Simulator: lateness given up on (too far behind to catch up)."),
+    (
+        "sim:prefix_cache_oracle_hits",
+        "Simulator: prompt tokens the longest prefix cached on any server of the process would "
+        "have hit, counted at admission beside vllm:prefix_cache_hits.",
+    ),
 )
 
 
@@ -197,7 +202,7 @@ class MetricsRenderer:
         out.append(self._cache_info)
         self._lag.render(s.step_lag, out)
         sim = (s.steps, s.step_planned_wall, s.step_late_wall, s.step_early_wall,
-               s.step_behind_wall)  # fmt: skip
+               s.step_behind_wall, s.oracle_hits)  # fmt: skip
         for prefix, value in zip(self._sim, sim, strict=True):
             out.append(f"{prefix}{float(value)!r}\n")
         return "".join(out)

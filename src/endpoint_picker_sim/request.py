@@ -28,6 +28,7 @@ class SimRequest:
         "scheduled_at",
         "table",
         "text",
+        "token_ids",
         "wait_for",
     )
 
@@ -38,8 +39,12 @@ class SimRequest:
         max_tokens: int,
         lora: str | None = None,
         text: str | None = None,
+        token_ids: tuple[int, ...] | None = None,
     ) -> None:
         self.prompt_len = prompt_len
+        # The prompt's token ids, when the server publishes KV events or has a tokenizer file
+        # (block hashes then chain over ids); None: hashes over the approximate tokenizer's text.
+        self.token_ids = token_ids
         # The prompt text, so the generated blocks can be hashed when the request finishes.
         self.text = text
         self.block_hashes = block_hashes

@@ -1,7 +1,9 @@
 """One simulated vLLM server: an aiohttp app in front of one engine task.
 
 Routes as vLLM serves them: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models,
-/v1/load_lora_adapter, /v1/unload_lora_adapter, /health, /metrics.
+/v1/load_lora_adapter, /v1/unload_lora_adapter, /reset_prefix_cache (vLLM's dev-mode route),
+/health, /metrics; and the simulator's own POST /sim/restart. With ``kv_events`` configured the
+server publishes its KV-cache events over ZeroMQ as vLLM does (``kvpublisher``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from endpoint_picker_sim.api import ApiError, Prompt
 from endpoint_picker_sim.clock import Clock, ScaledClock
 from endpoint_picker_sim.config import ServerConfig
 from endpoint_picker_sim.engine import Engine
+from endpoint_picker_sim.kvpublisher import KvEventPublisher
 from endpoint_picker_sim.metrics import MetricsRenderer, restrict
 from endpoint_picker_sim.request import SimRequest
+from endpoint_picker_sim.tokenids import ApproxTokenIds, HfTokenIds, TokenIdScheme
 from endpoint_picker_sim.tokenizer import generate_text, tokenize_ids, tokenize_text
 
 log = logging.getLogger("endpoint_picker_sim")
@@ -40,11 +44,27 @@ def _error(exc: ApiError) -> web.Response:
 class SimServer:
     """A vLLM look-alike: OpenAI routes, LoRA management, /metrics, and its engine task."""
 
-    def __init__(self, config: ServerConfig, index: int = 0, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        index: int = 0,
+        clock: Clock | None = None,
+        servers: int = 1,
+        token_ids: TokenIdScheme | None = None,
+    ) -> None:
         self.config = config
         self.index = index
+        self.servers = servers
         self.clock = clock or ScaledClock(config.engine.time_scale)
-        self.engine = Engine(config.engine, self.clock)
+        # Token ids when a tokenizer file is given or events are published (they carry ids);
+        # the caller may share one loaded tokenizer between the servers of a process.
+        if token_ids is None and config.tokenizer is not None:
+            token_ids = HfTokenIds(config.tokenizer)
+        if token_ids is None and config.kv_events is not None:
+            token_ids = ApproxTokenIds()
+        self.token_ids = token_ids
+        self.engine = Engine(config.engine, self.clock, token_ids)
+        self.publisher: KvEventPublisher | None = None
         self.renderer = MetricsRenderer(config.model, config.engine)
         seed = None if config.seed is None else config.seed + index
         self.rng = random.Random(seed)
@@ -68,6 +88,8 @@ class SimServer:
                 web.get("/v1/models", self.models),
                 web.post("/v1/load_lora_adapter", self._guard(self.load_lora)),
                 web.post("/v1/unload_lora_adapter", self._guard(self.unload_lora)),
+                web.post("/reset_prefix_cache", self._guard(self.reset_prefix_cache)),
+                web.post("/sim/restart", self.restart),
                 web.get("/health", self.health),
                 web.get("/metrics", self.metrics),
             ]
@@ -75,7 +97,13 @@ class SimServer:
         return app
 
     async def start(self, host: str, port: int) -> None:
-        """Start the engine task and listen on ``host:port``."""
+        """Open the KV-event sockets, start the engine task and listen on ``host:port``."""
+        if self.config.kv_events is not None:
+            self.publisher = KvEventPublisher(self.config.kv_events, host, self.index,
+                                              self.servers)  # fmt: skip
+            self.publisher.start()
+            self.engine.blocks.events = []
+            self.engine.on_events = self.publisher.publish
         self._engine_task = asyncio.create_task(self.engine.run(), name=f"sim-engine-{host}")
         self._engine_task.add_done_callback(self._engine_done)
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
@@ -102,6 +130,8 @@ class SimServer:
             task.cancel()
             # A failure was logged by _engine_done already; stopping must not raise it again.
             await asyncio.wait([task])
+        if self.publisher is not None:
+            await self.publisher.stop()
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -128,10 +158,13 @@ class SimServer:
             return model, model
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
 
-    def _make_request(self, prompt: Prompt, lora: str | None) -> SimRequest:
+    def _make_request(self, prompt: Prompt, lora: str | None, *, chat: bool) -> SimRequest:
         bs = self.config.engine.block_size
-        if prompt.token_ids is not None:
-            tok = tokenize_ids(prompt.token_ids, bs, lora)
+        ids: tuple[int, ...] | None = prompt.token_ids
+        if ids is None and self.token_ids is not None:
+            ids = tuple(self.token_ids.encode(prompt.text or "", chat=chat))
+        if ids is not None:
+            tok = tokenize_ids(ids, bs, lora)
         else:
             tok = tokenize_text(prompt.text or "", bs, lora)
         limit = self.config.engine.max_model_len
@@ -144,7 +177,12 @@ class SimServer:
                 "messages or completion.",
             )
         return SimRequest(
-            max(tok.num_tokens, 1), tok.block_hashes, prompt.max_tokens, lora, prompt.text
+            max(tok.num_tokens, 1),
+            tok.block_hashes,
+            prompt.max_tokens,
+            lora,
+            prompt.text,
+            ids if self.token_ids is not None else None,
         )
 
     # -- generation -----------------------------------------------------------------------
@@ -167,7 +205,7 @@ class SimServer:
         self, request: web.Request, prompt: Prompt, *, chat: bool
     ) -> web.StreamResponse:
         model, lora = self._resolve_model(prompt.model)
-        req = self._make_request(prompt, lora)
+        req = self._make_request(prompt, lora, chat=chat)
         if self._engine_task is None or self._engine_task.done():
             raise ApiError(500, "The engine is not running.", "InternalServerError")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-sim{self.index}-{next(self._ids)}"
@@ -288,6 +326,29 @@ class SimServer:
         if name not in self.engine.running_loras:
             self.engine.loaded_loras.pop(name, None)
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """POST /reset_prefix_cache[?reset_running_requests=true]: 200, as vLLM answers whether
+        or not the reset succeeded (refused while blocks are in use, unless running requests are
+        reset too: preempted, to be recomputed)."""
+        flag = request.query.get("reset_running_requests", "false").lower()
+        if flag not in ("true", "false", "1", "0"):
+            raise ApiError(400, f"reset_running_requests must be a boolean, got {flag!r}.")
+        done = self.engine.reset_prefix_cache(flag in ("true", "1"))
+        outcome = {True: "done", False: "refused (blocks in use)", None: "after this step"}
+        log.info("%s: prefix cache reset %s", self.url, outcome[done])
+        return web.Response()
+
+    async def restart(self, request: web.Request) -> web.Response:
+        """POST /sim/restart (the simulator's own): behave as a crashed and restarted vLLM. Every
+        in-flight request fails, the KV cache is empty, no event announces it, and the next
+        KV-event batch is seq 0 with an empty replay buffer. Counters are kept (the bench's deltas
+        stay meaningful)."""
+        self.engine.restart()
+        if self.publisher is not None:
+            self.publisher.restart()
+        log.info("%s: restarted (cache emptied, requests aborted)", self.url)
+        return web.Response()
 
     # -- probes ---------------------------------------------------------------------------
 

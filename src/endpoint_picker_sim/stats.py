@@ -57,6 +57,8 @@ class EngineStats:
     preemptions: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
+    # Tokens the longest prefix cached anywhere in the fleet would have hit (the oracle).
+    oracle_hits: int = 0
     success_length: int = 0
     success_abort: int = 0
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))

@@ -71,9 +71,23 @@ def extend_block_hashes(
 
 def token_id_block_hashes(ids: Sequence[int], block_size: int, lora: str | None) -> tuple[int, ...]:
     """Chained block hashes for a prompt given as token ids."""
-    parent = hash(("sim-root", lora))
+    return extend_id_hashes(ids, block_size, lora, ())
+
+
+def extend_id_hashes(
+    ids: Sequence[int],
+    block_size: int,
+    lora: str | None,
+    known: tuple[int, ...],
+    max_blocks: int | None = None,
+) -> tuple[int, ...]:
+    """Hashes of the full blocks of ``ids`` after the ``known`` leading ones, chained from them."""
+    full = len(ids) // block_size
+    if max_blocks is not None:
+        full = min(full, max_blocks)
+    parent = known[-1] if known else hash(("sim-root", lora))
     out: list[int] = []
-    for i in range(len(ids) // block_size):
+    for i in range(len(known), full):
         parent = hash((parent, tuple(ids[i * block_size : (i + 1) * block_size])))
         out.append(parent)
     return tuple(out)

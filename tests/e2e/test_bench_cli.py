@@ -25,6 +25,7 @@ COLUMNS = (
     "req/s",
     "tok/s",
     "hit rate",
+    "oracle hit",
     "max/mean load",
     "valid",
 )

@@ -45,6 +45,30 @@ def test_vllm_spellings_and_lora_module_forms() -> None:
     ]
 
 
+def test_kv_events_config_is_vllms_json_and_the_port_a_shorthand() -> None:
+    """--kv-events-config takes vLLM's KVEventsConfig fields (publisher defaulting to zmq when
+    enabled); disabled or the null publisher means no events; --kv-events-port PORT publishes on
+    every server's address with replay on PORT+1 and llm-d's topic."""
+    spec = (
+        '{"enable_kv_cache_events": true, "endpoint": "tcp://10.0.0.1:5557", "topic": "kv@x@m", '
+        '"replay_endpoint": "tcp://*:5558", "buffer_steps": 7, "hwm": 9, "max_queue_size": 3}'
+    )
+    kv = build_config(["--model", "m", "--kv-events-config", spec]).server.kv_events
+    assert kv is not None
+    assert (kv.endpoint, kv.replay_endpoint, kv.topic) == ("tcp://10.0.0.1:5557",
+                                                          "tcp://*:5558", "kv@x@m")  # fmt: skip
+    assert (kv.buffer_steps, kv.hwm, kv.max_queue_size, kv.wire) == (7, 9, 3, "current")
+    for off in ('{"enable_kv_cache_events": false}', '{"enable_kv_cache_events": true, '
+                '"publisher": "null"}', "{}"):  # fmt: skip
+        assert build_config(["--model", "m", "--kv-events-config", off]).server.kv_events is None
+    short = build_config(["--model", "m", "--kv-events-port", "6000", "--kv-events-wire",
+                          "legacy"]).server.kv_events  # fmt: skip
+    assert short is not None
+    assert (short.endpoint, short.replay_endpoint) == ("tcp://*:6000", "tcp://*:6001")
+    assert (short.topic, short.wire) == ("kv@${POD_IP}@m", "legacy")
+    assert build_config(["--model", "m"]).server.kv_events is None
+
+
 def test_profile_coefficients_can_be_overridden() -> None:
     """Each step-time coefficient has its own flag."""
     sim = build_config(["--model", "m", "--prefill-us-per-token", "10", "--step-base-us", "0"])
@@ -79,8 +103,20 @@ def test_server_speeds_default_to_one_and_go_to_each_server() -> None:
         ["--model", "m", "--servers", "2", "--server-speeds", "1,inf"],
         ["--model", "m", "--servers", "2", "--server-speeds", "1,nan"],
         ["--model", "m", "--servers", "2", "--server-speeds", "1,fast"],
+        ["--model", "m", "--kv-events-config", "{not json"],
+        ["--model", "m", "--kv-events-config", '{"enable_kv_cache_events": true, "x": 1}'],
+        ["--model", "m", "--kv-events-config", '{"enable_kv_cache_events": true, "hwm": 0}'],
+        ["--model", "m", "--kv-events-config", '{"enable_kv_cache_events": 1}'],
+        ["--model", "m", "--kv-events-config", '{"enable_kv_cache_events": true, '
+         '"publisher": "kafka"}'],
+        ["--model", "m", "--kv-events-config", '{"enable_kv_cache_events": true, '
+         '"endpoint": "udp://x:1"}'],
+        ["--model", "m", "--kv-events-port", "5557", "--kv-events-config", "{}"],
+        ["--model", "m", "--kv-events-port", "70000"],
+        ["--model", "m", "--kv-events-wire", "v2"],
+        ["--model", "m", "--tokenizer", "/nonexistent/tokenizer.json"],
     ],
-)
+)  # fmt: skip
 def test_bad_flags_exit_2_with_one_line(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

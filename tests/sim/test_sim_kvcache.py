@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from endpoint_picker_sim.kvcache import BlockManager
+from endpoint_picker_sim.kvevents import AllBlocksCleared, BlockRemoved
 
 
 def test_allocate_rounds_up_to_blocks_and_usage_follows() -> None:
@@ -118,3 +119,23 @@ def test_duplicate_content_is_not_cached_twice() -> None:
     bm.cache(a[0], 5)
     bm.cache(b[0], 5)
     assert bm.num_cached == 1
+
+
+def test_evictions_and_resets_are_recorded_as_kv_events() -> None:
+    """With events on, evicting a cached block records BlockRemoved(hash); a reset is refused
+    while a block is in use and records AllBlocksCleared once everything is free."""
+    bm = BlockManager(num_blocks=2, block_size=4)
+    bm.events = []
+    table: list[int] = []
+    assert bm.allocate(table, 8)
+    assert bm.cache(table[0], 11)
+    assert not bm.cache(table[1], 11)  # that content is cached already: nothing new
+    assert not bm.reset_prefix_cache()  # blocks in use
+    bm.free(table)
+    other: list[int] = []
+    assert bm.allocate(other, 8)  # the empty block, then evicts the cached one
+    assert bm.take_events() == [BlockRemoved((11,))]
+    bm.free(other)
+    assert bm.reset_prefix_cache()
+    assert bm.take_events() == [AllBlocksCleared()]
+    assert bm.num_cached == 0

@@ -47,6 +47,19 @@ def _speeds(text: str) -> tuple[float, ...]:
     return speeds
 
 
+def _disruption(text: str) -> tuple[str, float, int]:
+    """``restart@30`` / ``reset@12.5:2`` -> (kind, seconds, server index)."""
+    kind, sep, rest = text.partition("@")
+    when, _, server = rest.partition(":")
+    try:
+        seconds, index = float(when), int(server or "0")
+    except ValueError:
+        seconds, index = -1.0, -1
+    if kind not in ("reset", "restart") or not sep or not seconds >= 0 or index < 0:
+        raise argparse.ArgumentTypeError(f"use reset|restart@SECONDS[:SERVER]: {text!r}")
+    return kind, seconds, index
+
+
 def _param(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -116,6 +129,31 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument(
         "--server-speeds", type=_speeds, metavar="S1,S2,...",
         help="GPU speed per server, one per --servers (0.5: its steps take twice as long)",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--tokenizer", metavar="build|PATH",
+        help="tokenize with a tokenizer.json: `build` trains a small BPE for the bench's prompt "
+        "vocabulary into the report folder (default: the simulator's 4 characters per token)",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--kv-events", action="store_true",
+        help="every server publishes vLLM's KV-cache events (ZeroMQ, port 5557, replay 5558)",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--kv-events-endpoint", metavar="tcp://HOST:PORT",
+        help="with --kv-events: every server connects to this one endpoint, which the EPP "
+        "binds (llm-d's centralized mode), instead of each binding its own port 5557",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--kv-events-wire", choices=("current", "legacy"), default="current",
+        help="vLLM >= 0.26 (events as maps) or before (positional arrays)",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--disrupt", type=_disruption, action="append", default=[],
+        metavar="KIND@SECONDS[:SERVER]",
+        help="at SECONDS after the first arrival, `reset` server SERVER's prefix cache (vLLM's "
+        "/reset_prefix_cache, announced) or `restart` it (cache lost, in-flight requests fail, "
+        "nothing announced); SERVER counts from 0 (default 0); repeatable",
     )  # fmt: skip
     _add_soak_parser(sub)
     sub.add_parser("workloads", help="list the workloads and their parameters")
@@ -218,7 +256,13 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         time_scale=args.time_scale,
         stream_interval=args.stream_interval,
         server_speeds=args.server_speeds,
+        tokenizer=args.tokenizer,
+        kv_events=args.kv_events or args.kv_events_endpoint is not None,
+        kv_events_wire=args.kv_events_wire,
+        kv_events_endpoint=args.kv_events_endpoint,
     )
+    if any(index >= args.servers for _, _, index in args.disrupt):
+        raise BenchError(f"--disrupt names a server beyond --servers {args.servers}")
     options = RunOptions(
         workload=args.workload,
         rates=tuple(rates),
@@ -235,6 +279,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         request_timeout=args.request_timeout,
         progress=not args.no_progress,
         warmup=args.warmup,
+        disruptions=tuple(args.disrupt),
     )
     try:
         asyncio.run(_stoppable(run(options, argv)))

@@ -37,10 +37,12 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 STEP_PLANNED = "sim:step_planned_seconds_total"
 STEP_LATE = "sim:step_late_seconds_total"
 STEP_BEHIND = "sim:step_behind_seconds_total"
-_COUNTERS = (SUCCESS, PREFIX_QUERIES, PREFIX_HITS, STEP_PLANNED, STEP_LATE, STEP_BEHIND)
+ORACLE_HITS = "sim:prefix_cache_oracle_hits_total"
+_COUNTERS = (SUCCESS, PREFIX_QUERIES, PREFIX_HITS, STEP_PLANNED, STEP_LATE, STEP_BEHIND,
+             ORACLE_HITS)  # fmt: skip
 _WANTED = frozenset((WAITING, RUNNING, KV_USAGE, *_COUNTERS))
 _PREFIXES = ("vllm:num_requests_", "vllm:kv_cache_usage_perc", "vllm:request_success_total",
-             "vllm:prefix_cache_", "sim:step_")  # fmt: skip
+             "vllm:prefix_cache_", "sim:step_", "sim:prefix_cache_")  # fmt: skip
 
 Page = dict[str, list[float]]  # family name -> the values of its series
 
@@ -191,6 +193,7 @@ class FleetWatch:
             step_planned_seconds=delta(STEP_PLANNED),
             step_late_seconds=delta(STEP_LATE),
             step_behind_seconds=delta(STEP_BEHIND),
+            oracle_hits=delta(ORACLE_HITS),
         )
 
 

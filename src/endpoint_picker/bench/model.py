@@ -108,6 +108,8 @@ class ServerObservation:
     step_planned_seconds: float | None = None
     step_late_seconds: float | None = None
     step_behind_seconds: float | None = None
+    # sim:prefix_cache_oracle_hits: tokens the longest prefix cached anywhere would have hit
+    oracle_hits: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

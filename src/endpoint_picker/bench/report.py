@@ -107,7 +107,8 @@ def _router(raw: dict[str, Any] | None) -> RouterTiming | None:
 _COLUMNS = (
     "target", "workload", "rate", "ok/sent", "errors",
     "TTFT p50 (ms)", "TTFT p90 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p90 (ms)",
-    "e2e p50 (s)", "e2e p90 (s)", "req/s", "tok/s", "hit rate", "max/mean load", "valid",
+    "e2e p50 (s)", "e2e p90 (s)", "req/s", "tok/s", "hit rate", "oracle hit", "max/mean load",
+    "valid",
 )  # fmt: skip
 
 
@@ -124,6 +125,7 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
             _num(s.e2e_p50, 1, 2), _num(s.e2e_p90, 1, 2),
             _num(s.requests_per_s, 1, 1), _num(s.output_tokens_per_s, 1, 0),
             "-" if s.hit_rate is None else f"{s.hit_rate:.0%}",
+            "-" if s.oracle_hit_rate is None else f"{s.oracle_hit_rate:.0%}",
             _num(s.load_ratio, 1, 2), "yes" if s.valid else "**no**",
         )  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

@@ -17,14 +17,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 import endpoint_picker.bench.client as client
 import endpoint_picker.bench.envoytiming as envoytiming
 import endpoint_picker.bench.report as report
 import endpoint_picker.bench.stats as stats
 import endpoint_picker.bench.workloads as workloads
 from endpoint_picker.bench.fleetwatch import FleetWatch
-from endpoint_picker.bench.model import FleetObservation, TargetResult, WorkloadPlan
+from endpoint_picker.bench.model import BenchError, FleetObservation, TargetResult, WorkloadPlan
 from endpoint_picker.bench.stacks import FleetOptions, StackSpec, running_stack
+from endpoint_picker.bench.tokenizer import build_tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,8 @@ class RunOptions:
     request_timeout: float = 300.0
     progress: bool = True
     warmup: float = 0.0  # seconds of arrivals before the measured ones
+    # (kind, seconds after the first arrival, server index): ``disrupt``
+    disruptions: tuple[tuple[str, float, int], ...] = ()
 
 
 async def _measure(
@@ -59,6 +64,11 @@ async def _measure(
 ) -> TargetResult:
     watch = FleetWatch(list(server_urls), warmup=options.warmup)
     await watch.start()
+    disrupting = [
+        asyncio.create_task(disrupt(kind, server_urls[i], at), name=f"bench-{kind}-{i}")
+        for kind, at, i in options.disruptions
+        if i < len(server_urls)
+    ]
     try:
         records = await client.run_requests(
             url,
@@ -68,6 +78,9 @@ async def _measure(
             progress=options.progress,
         )
     finally:
+        for task in disrupting:
+            task.cancel()
+        await asyncio.gather(*disrupting, return_exceptions=True)
         fleet = await watch.stop()
     router = None
     if access_log is not None:
@@ -90,9 +103,38 @@ async def _measure(
     return replace(result, notes=tuple(problems))
 
 
+_DISRUPT_PATHS = {"reset": "/reset_prefix_cache?reset_running_requests=true",
+                  "restart": "/sim/restart"}  # fmt: skip
+
+
+async def disrupt(kind: str, server_url: str, at: float) -> None:
+    """``at`` seconds from now, reset (announced) or restart (silent) one simulated server's
+    prefix cache: the approximate index then believes in blocks that are gone."""
+    await asyncio.sleep(at)
+    url = server_url + _DISRUPT_PATHS[kind]
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as session,
+            session.post(url) as response,
+        ):
+            ok = response.status == 200
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        print(f"epp bench: {kind} of {server_url} failed: {exc!r}", file=sys.stderr)
+        return
+    print(f"epp bench: {kind} of {server_url} at {at:g} s: {'done' if ok else 'refused'}",
+          file=sys.stderr)  # fmt: skip
+
+
 async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResult]:
     """Run every target at every rate; write the report; return the results."""
     options.report_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = options.fleet.tokenizer
+    if tokenizer is not None:
+        # Absolute: the fleet (and the EPP) run in folders of their own.
+        path = build_tokenizer(options.report_dir) if tokenizer == "build" else Path(tokenizer)
+        if not path.is_file():
+            raise BenchError(f"--tokenizer: no such file: {path}")
+        options = replace(options, fleet=replace(options.fleet, tokenizer=str(path.resolve())))
     work = options.report_dir / "logs"
     work.mkdir(exist_ok=True)
     results: list[TargetResult] = []
@@ -135,6 +177,7 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
         "objectives": objectives,
         "criticality": criticality,
         "fleet": _fleet_meta(options.fleet),
+        "disruptions": [list(d) for d in options.disruptions],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     report.write_results(options.report_dir, results, meta)

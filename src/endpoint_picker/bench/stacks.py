@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import copy
 import ipaddress
+import json
 import math
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -53,6 +54,10 @@ from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
 
 STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
 FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
+# With --kv-events each simulated server publishes on <its address>:KV_EVENTS_PORT (vLLM's
+# default port) and replays on the next port, topic kv@<its address>@<base model>; with
+# --kv-events-endpoint every server connects there instead (the subscriber binds it).
+KV_EVENTS_PORT = 5557
 FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
 _EPP_CLUSTER = "endpoint_picker"  # the ext_proc cluster's name in deploy/envoy/templates
 _PYTHON = (sys.executable, "-m", "endpoint_picker")
@@ -78,6 +83,12 @@ class FleetOptions:
     stream_interval: int | None = 8
     # One GPU speed factor per server (``epp sim --server-speeds``); None: all 1.0.
     server_speeds: tuple[float, ...] | None = None
+    # A tokenizer.json for the fleet (``epp sim --tokenizer``); None: the approximate tokenizer.
+    tokenizer: str | None = None
+    # Publish vLLM's KV-cache events (``epp sim --kv-events-port KV_EVENTS_PORT``), in this wire.
+    kv_events: bool = False
+    kv_events_wire: str = "current"
+    kv_events_endpoint: str | None = None  # connect mode: the one endpoint every server dials
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -85,6 +96,9 @@ class FleetOptions:
             raise BenchError(f"--servers must be in 1..200: {self.servers}")
         if self.time_scale <= 0:
             raise BenchError(f"--time-scale must be positive: {self.time_scale}")
+        endpoint = self.kv_events_endpoint
+        if endpoint is not None and (not endpoint.startswith("tcp://") or "*" in endpoint):
+            raise BenchError(f"--kv-events-endpoint must be tcp://HOST:PORT: {endpoint!r}")
         speeds = self.server_speeds
         if speeds is not None:
             if len(speeds) != self.servers:
@@ -109,11 +123,28 @@ class FleetOptions:
             "--server-speeds": (
                 None if self.server_speeds is None else ",".join(map(str, self.server_speeds))
             ),
+            "--tokenizer": self.tokenizer,
+            "--kv-events-port": (
+                KV_EVENTS_PORT if self.kv_events and not self.kv_events_endpoint else None
+            ),
+            "--kv-events-config": self._kv_events_config(plan),
+            "--kv-events-wire": self.kv_events_wire if self.kv_events else None,
         }
         for flag, value in optional.items():
             if value is not None:
                 args += [flag, str(value)]
         return [*args, "--time-scale", str(self.time_scale), *self.extra_args]
+
+    def _kv_events_config(self, plan: WorkloadPlan) -> str | None:
+        """Connect mode, as llm-d deploys it: every pod dials one endpoint the subscriber binds."""
+        if not self.kv_events or not self.kv_events_endpoint:
+            return None
+        return json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": self.kv_events_endpoint,
+            "replay_endpoint": f"tcp://*:{KV_EVENTS_PORT + 1}",
+            "topic": f"kv@${{POD_IP}}@{plan.base_model}",
+        })  # fmt: skip
 
     def _max_loras(self, plan: WorkloadPlan) -> int | None:
         """``max_loras``, or, for a plan whose criticality classes are adapters

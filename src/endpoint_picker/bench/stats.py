@@ -72,6 +72,9 @@ class Summary:
     requests_per_s: float | None
     output_tokens_per_s: float | None
     hit_rate: float | None
+    # The ideal: the longest prefix cached anywhere in the fleet at each admission (the sim's
+    # sim:prefix_cache_oracle_hits over queried tokens); None unless every server reports it.
+    oracle_hit_rate: float | None
     per_server: tuple[tuple[str, int], ...]
     load_ratio: float | None
     valid: bool
@@ -110,6 +113,8 @@ def summarize(result: TargetResult) -> Summary:
     servers = result.fleet.servers
     queries = sum(s.prefix_cache_queries for s in servers)
     hits = sum(s.prefix_cache_hits for s in servers)
+    oracle = [s.oracle_hits for s in servers]
+    oracle_hits = None if None in oracle or not servers else sum(h or 0.0 for h in oracle)
     served = [s.requests for s in servers]
     mean_load = sum(served) / len(served) if served else 0.0
     reasons = validity(result)
@@ -130,6 +135,7 @@ def summarize(result: TargetResult) -> Summary:
         requests_per_s=len(ok) / span if span else None,
         output_tokens_per_s=sum(r.output_tokens for r in ok) / span if span else None,
         hit_rate=hits / queries if queries else None,
+        oracle_hit_rate=oracle_hits / queries if queries and oracle_hits is not None else None,
         per_server=tuple((s.name, s.requests) for s in servers),
         load_ratio=max(served) / mean_load if mean_load else None,
         valid=not reasons,

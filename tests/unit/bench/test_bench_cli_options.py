@@ -42,3 +42,25 @@ def test_bad_server_speeds_are_a_usage_error(
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1
+
+
+def test_disruptions_parse_to_kind_seconds_and_server() -> None:
+    """--disrupt restart@30 and reset@12.5:2 become (kind, seconds, server), server 0 by default."""
+    args = build_parser().parse_args([*RUN, "--disrupt", "restart@30", "--disrupt", "reset@12.5:2"])
+    assert args.disrupt == [("restart", 30.0, 0), ("reset", 12.5, 2)]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--disrupt", "reboot@3"],
+        ["--disrupt", "reset"],
+        ["--disrupt", "reset@-1"],
+        ["--disrupt", "reset@soon"],
+        ["--disrupt", "reset@3:x"],
+        ["--servers", "2", "--disrupt", "restart@3:2"],
+    ],
+)
+def test_bad_disruptions_are_a_usage_error(flags: list[str]) -> None:
+    """An unknown kind, a missing or negative time, a server beyond --servers: exit 2."""
+    assert _exit_code([*RUN, *flags]) == EXIT_USAGE

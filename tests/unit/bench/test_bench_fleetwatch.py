@@ -51,6 +51,7 @@ class SimMetricsServer:
         s.success_length += requests
         s.prefix_queries += queries
         s.prefix_hits += hits
+        s.oracle_hits += hits + (queries - hits) // 2  # the fleet held half of the misses
         s.step_planned_wall += 1.0
         s.step_late_wall += late
 
@@ -105,6 +106,7 @@ async def test_fleetwatch_reports_deltas_and_samples(sims: list[SimMetricsServer
     assert first.step_planned_seconds == pytest.approx(1.0)
     assert first.step_late_seconds == pytest.approx(0.02)
     assert first.step_behind_seconds == 0.0
+    assert (first.oracle_hits, second.oracle_hits) == (250.0, 175.0)
     assert len(first.samples) >= 3  # baseline, at least one tick, the final scrape
     assert [s.waiting for s in first.samples][-1] == 1.0
     assert all(0 <= s.t < 1.0 for s in first.samples)

@@ -68,12 +68,12 @@ def test_markdown_table_has_every_column_and_row() -> None:
     header = table.splitlines()[0]
     for column in ("TTFT p50 (ms)", "TTFT p90 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)",
                    "TPOT p90 (ms)", "e2e p50 (s)", "e2e p90 (s)", "req/s", "tok/s", "hit rate",
-                   "max/mean load", "valid"):  # fmt: skip
+                   "oracle hit", "max/mean load", "valid"):  # fmt: skip
         assert f"| {column} |" in header
     rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
     assert len(rows) == 4
     assert all(row.count("|") == header.count("|") for row in rows)
-    assert "| 40% | 1.40 | **no** |" in rows[3]  # epp at 10: hits 80/200, load 14/10
+    assert "| 40% | - | 1.40 | **no** |" in rows[3]  # epp at 10: hits 80/200, load 14/10
     assert "- epp at 10 req/s: simulated fleet ran late" in table
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from tests.unit.bench.builders import record, result, server, steady
 
@@ -127,3 +129,17 @@ def test_validity_names_each_slip(
     """Each validity rule triggers on its own slip, and a clean run has no reasons."""
     reasons = validity(result(records, servers))
     assert [r.split(":")[0] for r in reasons] == expected
+
+
+def test_oracle_hit_rate_is_the_fleets_best_prefix_over_queried_tokens() -> None:
+    """The oracle hit rate sums every server's sim:prefix_cache_oracle_hits over the queried
+    tokens, beside the measured hit rate; a server without the counter makes it unknown."""
+    servers = (
+        replace(server("a:1", 10, queries=100, hits=20), oracle_hits=60.0),
+        replace(server("b:1", 10, queries=100, hits=40), oracle_hits=80.0),
+    )
+    s = summarize(result((record(),), servers))
+    assert s.hit_rate == pytest.approx(60 / 200)
+    assert s.oracle_hit_rate == pytest.approx(140 / 200)
+    real = (servers[0], server("c:1", 10, queries=100, hits=0))
+    assert summarize(result((record(),), real)).oracle_hit_rate is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 import sys
@@ -247,6 +248,8 @@ def test_sim_args_pass_server_speeds_to_the_fleet() -> None:
         ({"servers": 201}, "--servers"),
         ({"time_scale": 0}, "time"),
         ({"servers": 4, "server_speeds": (1.0, 0.5)}, "2 factor"),
+        ({"kv_events": True, "kv_events_endpoint": "tcp://*:7000"}, "tcp://HOST:PORT"),
+        ({"kv_events": True, "kv_events_endpoint": "ipc:///tmp/x"}, "tcp://HOST:PORT"),
         ({"servers": 2, "server_speeds": (1.0, 0.0)}, "positive"),
         ({"servers": 2, "server_speeds": (1.0, math.inf)}, "positive"),
     ],
@@ -321,3 +324,26 @@ def test_direct_config_validates_with_envoy(target: str, tmp_path: Path) -> None
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_sim_args_publish_kv_events_with_the_tokenizer() -> None:
+    """--kv-events and --tokenizer reach `epp sim`: events on port 5557 in the chosen wire."""
+    fleet = FleetOptions(tokenizer="/run/tokenizer.json", kv_events=True, kv_events_wire="legacy")
+    args = fleet.sim_args(plan("m"), 8000)
+    assert args[args.index("--tokenizer") + 1] == "/run/tokenizer.json"
+    assert args[args.index("--kv-events-port") + 1] == "5557"
+    assert args[args.index("--kv-events-wire") + 1] == "legacy"
+    plain = FleetOptions().sim_args(plan("m"), 8000)
+    assert not {"--tokenizer", "--kv-events-port", "--kv-events-wire"} & set(plain)
+
+
+def test_sim_args_connect_mode_dials_one_endpoint() -> None:
+    """--kv-events-endpoint: vLLM's --kv-events-config with that connect endpoint, replay bound
+    on each server, llm-d's topic; no per-server publish port."""
+    fleet = FleetOptions(kv_events=True, kv_events_endpoint="tcp://127.0.0.1:7000")
+    args = fleet.sim_args(plan("m"), 8000)
+    assert "--kv-events-port" not in args
+    assert json.loads(args[args.index("--kv-events-config") + 1]) == {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:7000",
+        "replay_endpoint": "tcp://*:5558", "topic": "kv@${POD_IP}@m",
+    }  # fmt: skip
