@@ -82,10 +82,11 @@ def test_errors_name_the_field(section: str, path: str) -> None:
 
 def test_the_shipped_flow_control_example_builds() -> None:
     """deploy/examples/scheduler-config-flow-control.yaml validates, builds, and turns flow
-    control on with its Sheddable band."""
+    control on with its Sheddable band, admitted by predicted latency (no detector named)."""
     path = Path(__file__).parents[3] / "deploy" / "examples" / "scheduler-config-flow-control.yaml"
     config = load_config(path.read_text(), str(path))
     assert config.flow_control is not None
     assert config.flow_control.band(-1).max_requests == 200
     assert config.flow_control.ttl(-1) == 10.0
     assert "flow control: on" in describe(config)
+    assert "saturation detector: predicted-latency-detector" in describe(config)
