@@ -50,7 +50,12 @@ class Routing:
     outliers: OutlierDetector | None  # ejects endpoints on their responses; per process
 
     def tasks(self) -> list[NamedTask]:
-        return [] if self.flow is None else [("flow-control-dispatch", self.flow.run())]
+        tasks: list[NamedTask] = []
+        if self.flow is not None:
+            tasks.append(("flow-control-dispatch", self.flow.run()))
+        if self.components.kv_events is not None:  # each routing process subscribes itself
+            tasks.append(("kv-events", self.components.kv_events.run()))
+        return tasks
 
     def close(self) -> None:
         if self.flow is not None:  # whatever still waits gets its 503 now
@@ -103,6 +108,16 @@ def build_routing(
     datastore.on_endpoints_changed(
         lambda endpoints: lifecycle.endpoints_changed(e.hostport for e in endpoints)
     )
+    hub = components.kv_events
+    if hub is not None:
+        if hub.bind_mode and settings.server.workers > 1:
+            raise ConfigError(
+                "binds one socket every pod connects to, which N worker processes cannot "
+                "share: run --workers 1, or subscribe to each pod (no zmqEndpoint)",
+                "precise-prefix-cache-scorer kvEventsConfig.zmqEndpoint",
+            )
+        datastore.on_endpoints_changed(hub.set_endpoints)
+        hub.set_endpoints(datastore.endpoints)
     director = Director(
         datastore,
         components.scheduler,
@@ -115,5 +130,6 @@ def build_routing(
         session_tokens=components.session_tokens,
         flow=flow,
         outliers=outliers,
+        preparers=components.preparers,
     )
     return Routing(director, components, components.inflight, flow, outliers)
