@@ -155,19 +155,28 @@ class BlockIndex:
         self._size -= len(view.blocks)
 
     def longest_prefix(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]:
-        """How many of ``keys``' leading blocks each endpoint holds, in a row (0 when none)."""
+        """How many of ``keys``' leading blocks each endpoint holds, in a row (0 when none).
+        Set operations in C: a pick over hundreds of endpoints and thousands of blocks
+        touches each endpoint once per block where some endpoint drops out, not per block."""
         counts = dict.fromkeys(endpoints, 0)
         alive = {e for e in counts if e in self._views}
         holders = self._holders
-        for i, key in enumerate(keys):
+        reached = 0
+        for key in keys:
             if not alive:
                 break
             held = holders.get(key)
             if held is None:
                 break
-            alive &= held
-            for endpoint in alive:
-                counts[endpoint] = i + 1
+            if not held.issuperset(alive):
+                for endpoint in alive - held:
+                    counts[endpoint] = reached
+                alive &= held
+                if not alive:
+                    break
+            reached += 1
+        for endpoint in alive:
+            counts[endpoint] = reached
         return counts
 
     # -- the events ---------------------------------------------------------------------------

@@ -46,7 +46,6 @@ log = structlog.get_logger(__name__)
 
 END_SEQ = -1  # the replay answer's last frame, as vLLM sends it (signed)
 MESSAGES_PER_TURN = 64  # messages handled before the loop is let go for other work
-SWEEP_INTERVAL = 1.0  # seconds between checks for dead and silent publishers
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +61,7 @@ class KVEventsConfig:
     silence_timeout: float = 0.0  # blocks of a pod silent this long are dropped; 0: never
     replay_timeout: float = 2.0  # seconds for a whole replay answer
     max_replay_messages: int = 10_000  # vLLM buffers 10,000 steps by default
+    sweep_interval: float = 1.0  # seconds between checks for dead and silent publishers
 
 
 @runtime_checkable
@@ -258,7 +258,7 @@ class KVEventsHub:
     async def _sweep(self) -> None:
         config = self.config
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL)
+            await asyncio.sleep(config.sweep_interval)
             now = self._clock()
             for pod, feed in list(self._feeds.items()):
                 dead = (
@@ -267,7 +267,7 @@ class KVEventsHub:
                     and now - feed.since > config.dead_after
                 )
                 silent = config.silence_timeout > 0 and now - feed.last_at > config.silence_timeout
-                if (dead or silent) and pod in self.index.endpoints:
+                if (dead or silent) and self.index.blocks_of(pod):
                     log.warning(
                         "KV events publisher " + ("gone" if dead else "silent") + "; its blocks "
                         "no longer count", pod=pod,
