@@ -4,9 +4,9 @@ Run: ``PYTHONPATH=src:. .venv/bin/python benchmarks/bench_tokenize.py [--tokeniz
 (a benchmark, not a test). Without ``--tokenizer`` it trains the tests' small byte-level BPE;
 give a real model's ``tokenizer.json`` for real figures. For each prompt size it prints the
 median milliseconds of: tokenizing (``PromptTokenizer.tokens``, completions), hashing the
-blocks (16 tokens each), the whole ``prepare`` on a cache miss and on a hit, and how much of
-the event loop a thread tokenizing it leaves (a loop's spin count during the thread's work
-against alone: 1.0 is untouched).
+blocks (16 tokens each), the cache key, and how much of the event loop a thread tokenizing
+it leaves (a loop's spin rate during ten tokenizings on a thread against alone: 100% is
+untouched), with ``encode`` (holds the GIL) and ``encode_batch`` (lets go of it).
 """
 
 from __future__ import annotations
@@ -65,20 +65,29 @@ def median_ms(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times) * 1000
 
 
+def _spin_rate(seconds: float) -> float:
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        n += 1
+    return n / seconds
+
+
 def loop_share(fn) -> float:  # type: ignore[no-untyped-def]
-    """Spins per second of this thread while ``fn`` runs on another, over spins alone."""
-    start, n = time.perf_counter(), 0
-    while time.perf_counter() - start < 0.2:
-        n += 1
-    alone = n / 0.2
-    done = threading.Event()
-    thread = threading.Thread(target=lambda: (fn(), fn(), fn(), done.set()))
-    start, n = time.perf_counter(), 0
-    thread.start()
-    while not done.is_set():
-        n += 1
-    thread.join()
-    return (n / (time.perf_counter() - start)) / alone
+    """This thread's spin rate while ``fn`` runs ten times on another, over its rate alone
+    (the median of three alone before and after: the machine is shared)."""
+    rates = []
+    for _ in range(3):
+        alone = statistics.median(_spin_rate(0.05) for _ in range(3))
+        done = threading.Event()
+        thread = threading.Thread(target=lambda d=done: ([fn() for _ in range(10)], d.set()))
+        start, n = time.perf_counter(), 0
+        thread.start()
+        while not done.is_set():
+            n += 1
+        thread.join()
+        after = statistics.median(_spin_rate(0.05) for _ in range(3))
+        rates.append((n / (time.perf_counter() - start)) / ((alone + after) / 2))
+    return statistics.median(rates)
 
 
 def main() -> None:
@@ -108,11 +117,13 @@ def main() -> None:
         tokenize = median_ms(lambda r=request: prompts.tokens(r), 9)
         hashing = median_ms(lambda t=tokens: hasher.chain(0, t), 9)
         key = median_ms(lambda r=request: prompts.key(r), 9)
-        share = loop_share(lambda r=request: prompts.tokens(r))
+        held = loop_share(lambda r=request: prompts.tokens(r))
+        released = loop_share(lambda r=request: prompts.tokens(r, off_loop=True))
         print(
             f"{len(tokens):>6} tokens ({len(prompt) // 1024} KB): tokenize {tokenize:.2f} ms, "
-            f"hash {hashing:.2f} ms, cache key {key:.3f} ms; a loop beside a tokenizing "
-            f"thread runs at {share:.0%} of its speed alone"
+            f"hash {hashing:.2f} ms, cache key {key:.3f} ms; a loop beside a thread tokenizing "
+            f"runs at {held:.0%} of its speed alone with encode, {released:.0%} with "
+            "encode_batch (the GIL let go)"
         )
 
 

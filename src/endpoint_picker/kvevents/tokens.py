@@ -61,8 +61,15 @@ class ModelTokenizer:
             )
         )
 
-    def encode(self, text: str, special: bool) -> array[int]:
-        return array(TOKEN_ARRAY, self.tokenizer.encode(text, add_special_tokens=special).ids)
+    def encode(self, text: str, special: bool, off_loop: bool = False) -> array[int]:
+        """Token ids of ``text``. ``off_loop``: through ``encode_batch``, which lets go of the
+        GIL while it works (``encode`` holds it: a thread encoding with it stalls the event
+        loop all the same; measured in docs/scheduling.md)."""
+        if off_loop:
+            (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=special)
+        else:
+            encoding = self.tokenizer.encode(text, add_special_tokens=special)
+        return array(TOKEN_ARRAY, encoding.ids)
 
 
 def _raise(message: str) -> None:
@@ -164,8 +171,9 @@ class PromptTokenizer:
         digest.update(request.target_model.encode("utf-8", "surrogatepass"))
         return digest.digest()
 
-    def tokens(self, request: LLMRequest) -> array[int] | None:
-        """The prompt's token ids; None when the request has none to find."""
+    def tokens(self, request: LLMRequest, off_loop: bool = False) -> array[int] | None:
+        """The prompt's token ids; None when the request has none to find. ``off_loop``: on a
+        thread beside the event loop (the encoder then lets go of the GIL)."""
         model = self.tokenizer(request.target_model)
         if model is None:
             return None
@@ -173,7 +181,7 @@ class PromptTokenizer:
         if request.api is Api.COMPLETIONS:
             prompt = body.get("prompt")
             if isinstance(prompt, str):
-                return model.encode(prompt, special=True)
+                return model.encode(prompt, special=True, off_loop=off_loop)
             ids = _token_ids(prompt)
             return array(TOKEN_ARRAY, ids) if ids else None
         if request.api is not Api.CHAT_COMPLETIONS:
@@ -183,13 +191,13 @@ class PromptTokenizer:
             text = "\n".join(
                 str(m.get("content", "")) for m in body.get("messages") or () if isinstance(m, dict)
             )
-            return model.encode(text, special=True)
+            return model.encode(text, special=True, off_loop=off_loop)
         try:
             text = model.render(body)
         except (TemplateError, TypeError, ValueError) as exc:
             log.debug("chat template failed; no tokens", error=str(exc)[:200])
             return None
-        return model.encode(text, special=False)
+        return model.encode(text, special=False, off_loop=off_loop)
 
 
 def _token_ids(prompt: object) -> list[int] | None:

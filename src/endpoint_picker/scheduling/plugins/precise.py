@@ -167,7 +167,7 @@ class PrecisePrefixCacheScorer:
     def _off_loop(self, request: LLMRequest, key: bytes, root: int) -> Callable[[], None]:
         """On a thread: tokenize and hash; the loop then keeps the result."""
         try:
-            keys = self._hash(self._tokenizer.tokens(request), root)
+            keys = self._hash(self._tokenizer.tokens(request, off_loop=True), root)
         except Exception:
             log.exception("precise prefix: tokenizing failed", request_id=request.log_id)
             keys = None
