@@ -163,6 +163,7 @@ async def publisher(
     # XPUB: on the wire the same as vLLM's PUB, and it tells when a subscriber is in
     pub = ctx.socket(zmq.XPUB)
     pub.setsockopt(zmq.LINGER, 0)
+    pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not only the first
     if connect:
         pub.connect(f"tcp://{address}:{port}")
     else:
