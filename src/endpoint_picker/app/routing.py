@@ -36,7 +36,17 @@ def scheduling_config(settings: Settings) -> EndpointPickerConfig | None:
         text = config_path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", str(config_path)) from exc
-    return load_config(text, str(config_path))
+    config = load_config(text, str(config_path))
+    if settings.server.workers > 1:
+        for i, spec in enumerate(config.plugins):
+            events = spec.parameters.get("kvEventsConfig")
+            if isinstance(events, dict) and events.get("zmqEndpoint"):
+                raise ConfigError(
+                    "binds one socket every pod connects to, which N worker processes cannot "
+                    "share: run --workers 1, or subscribe to each pod (no zmqEndpoint)",
+                    f"{config_path}: plugins[{i}].parameters.kvEventsConfig.zmqEndpoint",
+                )
+    return config
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +119,7 @@ def build_routing(
         lambda endpoints: lifecycle.endpoints_changed(e.hostport for e in endpoints)
     )
     hub = components.kv_events
-    if hub is not None:
-        if hub.bind_mode and settings.server.workers > 1:
-            raise ConfigError(
-                "binds one socket every pod connects to, which N worker processes cannot "
-                "share: run --workers 1, or subscribe to each pod (no zmqEndpoint)",
-                "precise-prefix-cache-scorer kvEventsConfig.zmqEndpoint",
-            )
+    if hub is not None:  # each process that routes subscribes on its own
         datastore.on_endpoints_changed(hub.set_endpoints)
         hub.set_endpoints(datastore.endpoints)
     director = Director(
