@@ -121,6 +121,9 @@ class KVEventsHub:
         self._ctx: zmq.asyncio.Context | None = None
         self._changed = asyncio.Event()
         self.bound_port = 0  # bind mode: the port bound (tests bind port 0)
+        # the models prompts are tokenized for ("" for all), told at start: without any, the
+        # scorer scores 0 however many events arrive
+        self.tokenized_models: tuple[str, ...] = ()
 
     @property
     def bind_mode(self) -> bool:
@@ -142,6 +145,8 @@ class KVEventsHub:
     async def run(self) -> None:
         """Subscribe, follow the pool, sweep dead publishers; until cancelled."""
         self._ctx = zmq.asyncio.Context()
+        if not self.tokenized_models:
+            log.warning("precise-prefix-cache-scorer has no tokenizer (--tokenizer): it scores 0")
         tasks: list[asyncio.Task[None]] = []
         try:
             if self.bind_mode:

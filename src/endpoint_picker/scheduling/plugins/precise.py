@@ -134,11 +134,7 @@ class PrecisePrefixCacheScorer:
             max_pending=params.integer("maxPendingTokenize", 2, minimum=0),
             max_cached_blocks=params.integer("maxCachedBlocks", 1 << 20, minimum=0),
         )
-        if not scorer._tokenizer:
-            log.warning(
-                "precise-prefix-cache-scorer has no tokenizer (--tokenizer): it scores 0",
-                plugin=name,
-            )
+        hub.tokenized_models = tuple(m for m, _ in ctx.settings.tokenizers)
         return scorer
 
     # -- the request path -----------------------------------------------------------------------
