@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 
 import msgpack
+import structlog
 
 from endpoint_picker.kvevents.wire import (
     AllBlocksCleared,
@@ -35,6 +36,8 @@ from endpoint_picker.kvevents.wire import (
     EngineHash,
     Event,
 )
+
+log = structlog.get_logger(__name__)
 
 MAX_ADAPTERS = 1024  # LoRA names remembered (from events), to root a request's chain
 
@@ -100,6 +103,7 @@ class BlockIndex:
         "_holders",
         "_max_blocks",
         "_max_per_endpoint",
+        "_mismatched",
         "_size",
         "_views",
         "hasher",
@@ -117,6 +121,7 @@ class BlockIndex:
         self._adapters: OrderedDict[str, None] = OrderedDict()
         self._size = 0
         self.orphans = 0  # BlockStored events whose parent this index never saw (skipped)
+        self._mismatched: set[str] = set()  # endpoints told once that their block size differs
 
     @property
     def size(self) -> int:
@@ -183,6 +188,16 @@ class BlockIndex:
 
     def _stored(self, endpoint: str, event: BlockStored) -> None:
         if not _counts(event.medium, event.group_idx) or not event.block_hashes:
+            return
+        if event.block_size != self.hasher.block_size:
+            if endpoint not in self._mismatched and len(self._mismatched) < MAX_ADAPTERS:
+                self._mismatched.add(endpoint)
+                log.warning(
+                    "KV events with another block size than blockSize: skipped (set "
+                    "tokenProcessorConfig.blockSize to the server's --block-size)",
+                    endpoint=endpoint, block_size=event.block_size,
+                    expected=self.hasher.block_size,
+                )  # fmt: skip
             return
         view = self._views.get(endpoint)
         if event.parent_block_hash is None:

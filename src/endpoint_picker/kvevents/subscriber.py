@@ -342,7 +342,11 @@ class KVEventsHub:
             self._error("decode", "KV events batch that does not decode", pod=pod,
                         seq=message.seq, error=str(exc))  # fmt: skip
             return False
-        self.index.apply(pod, batch.events)
+        try:
+            self.index.apply(pod, batch.events)
+        except Exception:  # a bug here must not end the subscription; the view is suspect
+            log.exception("KV events batch could not be applied", pod=pod, seq=message.seq)
+            return False
         if self._observer is not None:
             self._observer.kv_events_received(len(batch.events))
             if batch.unknown:

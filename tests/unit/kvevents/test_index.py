@@ -145,3 +145,12 @@ def test_drop_forgets_an_endpoint_and_its_holders() -> None:
     index.drop("a")
     assert index.size == 1
     assert index.longest_prefix(prompt_keys(index, PROMPT), ["a", "b"]) == {"a": 0, "b": 1}
+
+
+def test_events_of_another_block_size_are_skipped() -> None:
+    """A server whose --block-size is not blockSize: its blocks cannot be keyed like the
+    prompt's, so they are skipped (and logged once), never half-indexed."""
+    index = make()
+    event = BlockStored((1, 2), None, array("I", PROMPT[:4]), 2, None, None, None, None)
+    index.apply("a", [event, event])
+    assert index.size == 0

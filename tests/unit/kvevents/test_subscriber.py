@@ -229,3 +229,20 @@ def test_config_defaults_match_vllm_and_llm_d() -> None:
     config = KVEventsConfig()
     assert (config.port, config.topic_filter, config.bind_endpoint) == (5557, "", "")
     assert replace(config, replay_port=5558).replay_port == 5558
+
+
+async def test_a_message_over_the_size_limit_is_refused_and_the_subscription_goes_on() -> None:
+    """ZeroMQ drops the connection of a publisher sending past maxMessageBytes (nothing of it
+    is read); the SUB socket reconnects and the next messages are indexed."""
+    port = free_port(A)
+    async with (
+        publisher(A, port) as pa,
+        running(KVEventsConfig(port=port, max_message_bytes=2048), A) as (hub, _),
+    ):
+        await pa.subscribed()
+        small = Stored([1], None, [7] * 4)
+        await pa.send_raw([b"", (0).to_bytes(8, "big"), b"\x00" * 4096])
+        await pa.subscribed()  # dropped, then back
+        pa.seq = 1
+        await pa.send([small])
+        await eventually(lambda: held(hub, A, [7] * 4) == 1)
