@@ -126,9 +126,11 @@ class Publisher:
         return seq
 
     async def subscribed(self, within: float = 5.0) -> None:
-        """Wait until a subscriber's subscription arrived (messages before it are lost)."""
-        frame = await asyncio.wait_for(self.pub.recv(), within)
-        assert frame[:1] == b"\x01", frame
+        """Wait until a subscriber's subscription arrived (messages before it are lost);
+        unsubscriptions (a subscriber gone) are passed over."""
+        async with asyncio.timeout(within):
+            while (await self.pub.recv())[:1] != b"\x01":
+                pass
 
     async def send_raw(self, frames: list[bytes]) -> None:
         await self.pub.send_multipart(frames)

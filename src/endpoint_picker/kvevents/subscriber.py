@@ -192,7 +192,9 @@ class KVEventsHub:
         if ":" in pod:
             sock.setsockopt(zmq.IPV6, 1)
         monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        watch = asyncio.create_task(self._watch(pod, monitor), name=f"kv-events-monitor-{pod}")
+        watch = asyncio.create_task(
+            self._watch(pod, monitor, sock, url), name=f"kv-events-monitor-{pod}"
+        )
         try:
             sock.connect(url)
             sock.setsockopt(zmq.SUBSCRIBE, self.config.topic_filter.encode())
@@ -212,17 +214,25 @@ class KVEventsHub:
             monitor.close(linger=0)
             sock.close(linger=0)
 
-    async def _watch(self, pod: str, monitor: zmq.asyncio.Socket) -> None:
+    async def _watch(
+        self, pod: str, monitor: zmq.asyncio.Socket, sock: zmq.asyncio.Socket, url: str
+    ) -> None:
         while True:
             event = parse_monitor_message(await monitor.recv_multipart())
+            connected = event["event"] == zmq.EVENT_CONNECTED
+            if not connected:
+                # ZeroMQ reconnects after a lost connection, but not after one it dropped
+                # for a protocol error (a message past maxMessageBytes): connect again
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disconnect(url)
+                sock.connect(url)
             feed = self._feed(pod)
             if feed is None:
                 continue
-            feed.connected = event["event"] == zmq.EVENT_CONNECTED
+            feed.connected = connected
             feed.since = self._clock()
             log.info(
-                "KV events publisher " + ("connected" if feed.connected else "disconnected"),
-                pod=pod,
+                "KV events publisher " + ("connected" if connected else "disconnected"), pod=pod
             )
 
     async def _bound(self) -> None:
