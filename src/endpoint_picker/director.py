@@ -5,7 +5,8 @@ an inference API, see ``requests.INFERENCE_PATHS``; checked on the headers, befo
 buffered), parse (400), model lookup (404), traffic split (503 when every weight is zero), the
 request's InferenceObjective (``x-gateway-inference-objective``: its priority replaces the
 model's criticality, and its latency objective, when it has one, the model's; an unknown name
-changes nothing),
+changes nothing), the work scheduling plugins need done off the event loop first (the precise
+prefix scorer tokenizing a long prompt: the request waits for a thread, ``prepared``),
 candidates after the subset hint and without endpoints known to be unreachable (503) or
 ejected by outlier detection (kept when every candidate is), load shedding of sheddable requests
 (429), scheduling (503 when nothing is left). On the response side, ``responded`` tells the
@@ -53,6 +54,7 @@ from endpoint_picker.exchange import (
 from endpoint_picker.exchange import QueuedRoute as QueuedRoute  # what the director returns
 from endpoint_picker.exchange import RoutingDecision as RoutingDecision
 from endpoint_picker.flowcontrol import FlowController
+from endpoint_picker.prepared import after_work, run_inline
 from endpoint_picker.requests import (
     Api,
     LLMRequest,
@@ -62,7 +64,13 @@ from endpoint_picker.requests import (
     parse_request,
     priority_of,
 )
-from endpoint_picker.scheduling import SaturationDetector, SchedulingResult, room_finder
+from endpoint_picker.scheduling import (
+    OffLoopWork,
+    Preparer,
+    SaturationDetector,
+    SchedulingResult,
+    room_finder,
+)
 from endpoint_picker.scheduling.lifecycle import Lifecycle
 from endpoint_picker.target_model import OBJECTIVE_HEADER as OBJECTIVE_HEADER
 from endpoint_picker.target_model import (
@@ -115,8 +123,10 @@ class Director:
         flow: FlowController[RoutingDecision] | None = None,
         ids: RequestIds | None = None,
         outliers: Outliers | None = None,
+        preparers: Sequence[Preparer] = (),
     ) -> None:
         self._pool = pool
+        self._preparers = tuple(preparers)
         self._ids = ids or RequestIds()
         self._outliers = outliers
         self._flow = flow
@@ -260,7 +270,9 @@ class Director:
         ``RequestError`` subclass. ``request_id`` is the EPP's own (an exchange's),
         ``client_request_id`` the client's, for logs."""
         api = self.resolve_api(path)
-        outcome = self._route(request_id, api, raw_body, subset, headers, None, client_request_id)
+        outcome = self._route(
+            request_id, api, raw_body, subset, headers, None, client_request_id, inline=True
+        )
         assert isinstance(outcome, RoutingDecision)  # no flow control, nothing queues
         return outcome
 
@@ -273,12 +285,36 @@ class Director:
         headers: Mapping[str, str] | None,
         flow: FlowController[RoutingDecision] | None,
         client_request_id: str,
+        *,
+        inline: bool = False,
     ) -> RoutingDecision | QueuedRoute:
         request: LLMRequest | None = None
         try:
             request = parse_request(request_id, api, raw_body, headers, client_request_id)
             request = resolve_model(self._pool, request, self._allow_unknown, self._rng)
             request = apply_objective(self._pool, request)
+            work = self._work(request)
+            if work:
+                if not inline:  # the stream waits while a thread does it
+                    return after_work(request, work, partial(self._admit, request, subset, flow))
+                run_inline(work)
+            return self._admit(request, subset, flow)
+        except RequestError as exc:
+            if request is not None:
+                exc.model, exc.target_model = request.model, request.target_model
+            raise
+
+    def _work(self, request: LLMRequest) -> list[OffLoopWork]:
+        """What the preparer plugins need done off the event loop before scheduling."""
+        return [w for p in self._preparers if (w := p.prepare(request)) is not None]
+
+    def _admit(
+        self,
+        request: LLMRequest,
+        subset: Sequence[str] | None,
+        flow: FlowController[RoutingDecision] | None,
+    ) -> RoutingDecision | QueuedRoute:
+        try:
             if flow is None:
                 return self._schedule(request, subset)
             return admit(
@@ -290,8 +326,7 @@ class Director:
                 partial(self._schedule, shed=False),
             )
         except RequestError as exc:
-            if request is not None:
-                exc.model, exc.target_model = request.model, request.target_model
+            exc.model, exc.target_model = request.model, request.target_model
             raise
 
     def route_headers_only(

@@ -11,6 +11,7 @@ gRPC statuses or exit codes, nothing below it does::
     ├── BenchError                  (bench/) an `epp bench` run cannot go on (exit 2)
     ├── MetricsParseError           (metrics/) a /metrics page lacks what the engine needs
     ├── ScrapeError                 (metrics/) one scrape failed: timeout, status, size
+    ├── KVEventsError               (kvevents/) a KV-cache event message that does not decode
     ├── AccessReviewError           the metrics port cannot check a token now (503)
     └── RequestError                one request cannot be routed (an HTTP status)
         ├── BadRequestError         400: malformed JSON, missing fields
@@ -110,6 +111,11 @@ class ConfigError(EppError):
     def __init__(self, message: str, path: str = "") -> None:
         self.path = path
         super().__init__(f"{path}: {message}" if path else message)
+
+
+class KVEventsError(EppError):
+    """A vLLM KV-cache event message (a frame, a batch, an event) that does not decode: it is
+    logged and counted, the subscriber goes on (the view of that endpoint is then rebuilt)."""
 
 
 class AccessReviewError(EppError):

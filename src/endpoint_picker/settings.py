@@ -225,6 +225,9 @@ class SchedulingSettings:
 
     config_file: Path | None = None
     max_fallback_endpoints: int = 0
+    # --tokenizer: (model, tokenizer.json path) pairs, model "" for every model of the pool;
+    # the precise prefix scorer tokenizes prompts with them
+    tokenizers: tuple[tuple[str, Path], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,17 @@ def scheduling_config(settings: Settings) -> EndpointPickerConfig | None:
         text = config_path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", str(config_path)) from exc
-    return load_config(text, str(config_path))
+    config = load_config(text, str(config_path))
+    if settings.server.workers > 1:
+        for i, spec in enumerate(config.plugins):
+            events = spec.parameters.get("kvEventsConfig")
+            if isinstance(events, dict) and events.get("zmqEndpoint"):
+                raise ConfigError(
+                    "binds one socket every pod connects to, which N worker processes cannot "
+                    "share: run --workers 1, or subscribe to each pod (no zmqEndpoint)",
+                    f"{config_path}: plugins[{i}].parameters.kvEventsConfig.zmqEndpoint",
+                )
+    return config
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +60,12 @@ class Routing:
     outliers: OutlierDetector | None  # ejects endpoints on their responses; per process
 
     def tasks(self) -> list[NamedTask]:
-        return [] if self.flow is None else [("flow-control-dispatch", self.flow.run())]
+        tasks: list[NamedTask] = []
+        if self.flow is not None:
+            tasks.append(("flow-control-dispatch", self.flow.run()))
+        if self.components.kv_events is not None:  # each routing process subscribes itself
+            tasks.append(("kv-events", self.components.kv_events.run()))
+        return tasks
 
     def close(self) -> None:
         if self.flow is not None:  # whatever still waits gets its 503 now
@@ -103,6 +118,10 @@ def build_routing(
     datastore.on_endpoints_changed(
         lambda endpoints: lifecycle.endpoints_changed(e.hostport for e in endpoints)
     )
+    hub = components.kv_events
+    if hub is not None:  # each process that routes subscribes on its own
+        datastore.on_endpoints_changed(hub.set_endpoints)
+        hub.set_endpoints(datastore.endpoints)
     director = Director(
         datastore,
         components.scheduler,
@@ -115,5 +134,6 @@ def build_routing(
         session_tokens=components.session_tokens,
         flow=flow,
         outliers=outliers,
+        preparers=components.preparers,
     )
     return Routing(director, components, components.inflight, flow, outliers)

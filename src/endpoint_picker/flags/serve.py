@@ -14,7 +14,7 @@ from pathlib import Path
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.flags.server import CONNECTIONS, LIMITS, PORTS, PROCESSES
 from endpoint_picker.flags.spec import README, Flag, Groups, build_settings, markdown
-from endpoint_picker.flags.values import BOOL, COUNT, DURATION, ENGINE_METRIC, PERCENT
+from endpoint_picker.flags.values import BOOL, COUNT, DURATION, ENGINE_METRIC, PERCENT, TOKENIZER
 from endpoint_picker.settings import GROUP_V1, GROUP_V1ALPHA2, Settings
 from endpoint_picker.telemetry.logs import log_levels
 
@@ -96,11 +96,33 @@ POOL = (
     ),
 )  # fmt: skip
 
+
+def _tokenizers(given: list[tuple[str, Path]]) -> tuple[tuple[str, Path], ...]:
+    models = [model for model, _ in given]
+    for model in models:
+        if models.count(model) > 1:
+            which = f"model {model!r}" if model else "the whole pool"
+            raise ConfigError(f"--tokenizer: two tokenizers for {which}")
+    return tuple(given)
+
+
 SCHEDULING = (
     CONFIG_FILE,
     Flag(
         "--max-fallback-endpoints", "scheduling.max_fallback_endpoints",
         "fallbacks after the primary", read=COUNT, metavar="N",
+    ),
+    Flag(
+        "--tokenizer", "scheduling.tokenizers",
+        "a model's tokenizer.json (MODEL=PATH), or every model's (PATH), for "
+        "precise-prefix-cache-scorer; a tokenizer_config.json beside it gives the chat "
+        "template; repeatable",
+        doc="a model's Hugging Face `tokenizer.json` (`MODEL=PATH`; a directory holding one "
+        "will do), or every model's (`PATH`), repeatable; the chat template comes from a "
+        "`tokenizer_config.json` beside it. `precise-prefix-cache-scorer` tokenizes prompts "
+        "with it (see [Precise prefix cache](scheduling.md#precise-prefix-cache))",
+        read=TOKENIZER, metavar="[MODEL=]PATH", kind="repeat", default=[], shown="none",
+        store=_tokenizers,
     ),
 )  # fmt: skip
 

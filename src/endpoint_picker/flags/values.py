@@ -89,6 +89,18 @@ def engine_metric(text: str) -> tuple[str, str, str]:
     return engine.strip(), field.strip(), spec.strip()
 
 
+def tokenizer(text: str) -> tuple[str, Path]:
+    """``MODEL=PATH`` (that model's tokenizer) or ``PATH`` (every model's): a tokenizer.json
+    or a directory holding one."""
+    model, sep, path = text.rpartition("=") if "=" in text else ("", "", text)
+    if sep and not model.strip():
+        raise ConfigError(f"invalid --tokenizer {text!r} (use MODEL=PATH or PATH)")
+    file = Path(path.strip())
+    if not (file.is_file() or (file / "tokenizer.json").is_file()):
+        raise ConfigError(f"--tokenizer {text!r}: no tokenizer.json at {str(file)!r}")
+    return model.strip(), file
+
+
 DURATION = typed(parse_duration, "duration")
 BOOL = typed(parse_bool, "boolean")
 PORT = typed(port, "port")
@@ -97,3 +109,4 @@ WORKERS = typed(workers, "workers")
 PERCENT = typed(percent, "percentage")
 INFERENCE_PATH = typed(inference_path, "path")
 ENGINE_METRIC = typed(engine_metric, "engine metric")
+TOKENIZER = typed(tokenizer, "tokenizer")

@@ -24,7 +24,9 @@ from endpoint_picker.scheduling.build import (
 from endpoint_picker.scheduling.config import EndpointPickerConfig
 from endpoint_picker.scheduling.framework import (
     Filter,
+    OffLoopWork,
     Picker,
+    Preparer,
     ProfileHandler,
     Scheduler,
     SchedulerObserver,
@@ -44,10 +46,12 @@ from endpoint_picker.scheduling.saturation import (
 __all__ = [
     "EndpointPickerConfig",
     "Filter",
+    "OffLoopWork",
     "Params",
     "Picker",
     "PluginContext",
     "PluginRegistry",
+    "Preparer",
     "PriorityRoomDetector",
     "ProfileHandler",
     "RoomDetector",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.kvevents.subscriber import KVEventsHub
 from endpoint_picker.scheduling.config import (
     DEFAULT_CONFIG_YAML,
     EndpointPickerConfig,
@@ -32,6 +33,7 @@ from endpoint_picker.scheduling.framework import (
     HintedFilter,
     Picker,
     PluginRef,
+    Preparer,
     ProfileHandler,
     Scheduler,
     SchedulerObserver,
@@ -47,6 +49,7 @@ from endpoint_picker.scheduling.lifecycle import (
     StartListener,
 )
 from endpoint_picker.scheduling.plugins import SingleProfileHandler, register_builtins
+from endpoint_picker.scheduling.plugins.precise import SHARED_KEY as KV_EVENTS
 from endpoint_picker.scheduling.predictor import LatencyPredictor
 from endpoint_picker.scheduling.registry import PluginContext, PluginRegistry
 from endpoint_picker.scheduling.saturation import SaturationDetector
@@ -80,6 +83,10 @@ class SchedulingComponents:
     session_tokens: bool = False
     # the latency predictor of the predicted-latency plugins, when configured (status page)
     latency_predictor: LatencyPredictor | None = None
+    # plugins with work to do off the event loop before scheduling (tokenizing a prompt)
+    preparers: tuple[Preparer, ...] = ()
+    # the KV-cache event subscriptions of precise-prefix-cache-scorer: the app runs them
+    kv_events: KVEventsHub | None = None
 
 
 def default_registry() -> PluginRegistry:
@@ -287,8 +294,19 @@ def _build(
             ),
             None,
         ),
+        preparers=tuple(
+            entry.ref.plugin
+            for entry in built.values()
+            if isinstance(entry.ref.plugin, Preparer) and _in_a_profile(entry.ref.name, profiles)
+        ),
+        kv_events=hub if isinstance(hub := context.shared.get(KV_EVENTS), KVEventsHub) else None,
     )
     return _Assembly(components, detector_name, handler_name)
+
+
+def _in_a_profile(name: str, profiles: Sequence[SchedulerProfile]) -> bool:
+    """Whether a profile runs the scorer ``name`` with a weight (its preparing is then due)."""
+    return any(scorer == name for p in profiles for scorer, _ in p.scorer_weights)
 
 
 def _at_most_one(found: Sequence[tuple[str, object]], what: str, path: str) -> None:

@@ -74,6 +74,21 @@ class CandidateHints(Protocol):
     def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]: ...
 
 
+# Blocking work a plugin needs done off the event loop before it can score a request (the
+# precise prefix scorer's tokenizing of a long prompt): run on a thread, it returns what to call
+# back on the loop with its result.
+OffLoopWork = Callable[[], Callable[[], None]]
+
+
+@runtime_checkable
+class Preparer(Protocol):
+    """A plugin with work to do for a request before scheduling that is too slow for the event
+    loop: ``prepare`` returns it (the director runs it on a thread, then schedules), or None
+    when there is none (done inline, cached, or nothing to do)."""
+
+    def prepare(self, request: LLMRequest) -> OffLoopWork | None: ...
+
+
 @runtime_checkable
 class HintedFilter(Protocol):
     """A filter that asks the scorers of its profile which endpoints they favour."""

@@ -105,6 +105,15 @@ class Params:
             raise ConfigError(f"must be a non-empty string, got {value!r}", self.path(key))
         return value
 
+    def text(self, key: str, default: str = "") -> str:
+        """A string that may be empty (``topicFilter: ""``: every topic)."""
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise ConfigError(f"must be a string, got {value!r}", self.path(key))
+        return value
+
     def boolean(self, key: str, default: bool) -> bool:
         """``true`` or ``false`` (YAML booleans only, not strings or numbers)."""
         value = self._get(key)
@@ -136,6 +145,16 @@ class Params:
         if math.isinf(seconds):  # "999...9h": more digits than a float holds
             raise ConfigError(f"must be finite, got {value!r}", self.path(key))
         return seconds
+
+    def section(self, key: str) -> Params:
+        """A nested mapping's reader (``kvEventsConfig``), its errors under its own path; call
+        its ``finish`` too."""
+        value = self._get(key)
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"must be a mapping, got {value!r}", self.path(key))
+        return Params(value, self.path(key))
 
     def finish(self) -> None:
         """Raise on the first key no read asked for (a typo would otherwise pass silently)."""

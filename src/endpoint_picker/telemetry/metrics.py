@@ -235,6 +235,42 @@ class EppMetrics:
         self._failure_labels: set[tuple[str, str]] = set()
         self._ejected = EjectedCollector()
         r.register(self._ejected)
+        # vLLM's KV-cache events (kvevents/), for precise-prefix-cache-scorer
+        self.kv_events_total = Counter(
+            "inference_extension_kv_events",
+            "KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) applied to the index.",
+            registry=r,
+        )
+        self.kv_events_errors_total = Counter(
+            "inference_extension_kv_events_errors",
+            "KV-cache event messages refused, by kind: decode (a frame, batch or event that "
+            "does not decode), unknown_event (an event type this EPP does not know, skipped), "
+            "unknown_topic (bind mode: a topic naming no pod of the pool), replay (a replay "
+            "request that failed).",
+            ["kind"],
+            registry=r,
+        )
+        for kind in ("decode", "unknown_event", "unknown_topic", "replay"):
+            self.kv_events_errors_total.labels(kind)
+        self.kv_events_gaps_total = Counter(
+            "inference_extension_kv_events_gaps",
+            "Gaps in a publisher's sequence numbers, by outcome: replayed (the replay socket "
+            "filled it) or rebuilt (that endpoint's view dropped and rebuilt from new events).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("replayed", "rebuilt"):
+            self.kv_events_gaps_total.labels(outcome)
+        self.kv_index_blocks = Gauge(
+            "inference_extension_kv_index_blocks",
+            "Blocks in the KV-event index, over every endpoint.",
+            registry=r,
+        )
+        self.kv_index_endpoints = Gauge(
+            "inference_extension_kv_index_endpoints",
+            "Endpoints with blocks in the KV-event index.",
+            registry=r,
+        )
 
     # -- the scheduler's observer protocol ----------------------------------------------------
 
@@ -313,6 +349,21 @@ class EppMetrics:
 
     def track_prefix_index(self, size: Callable[[], float]) -> None:
         self.prefix_indexer_size.set_function(size)
+
+    # -- the KV-events hub's observer (kvevents.subscriber.KVEventsObserver) -------------------
+
+    def kv_events_received(self, events: int) -> None:
+        self.kv_events_total.inc(events)
+
+    def kv_events_error(self, kind: str) -> None:
+        self.kv_events_errors_total.labels(kind).inc()
+
+    def kv_events_gap(self, repaired: bool) -> None:
+        self.kv_events_gaps_total.labels("replayed" if repaired else "rebuilt").inc()
+
+    def track_kv_index(self, size: Callable[[], float], endpoints: Callable[[], float]) -> None:
+        self.kv_index_blocks.set_function(size)
+        self.kv_index_endpoints.set_function(endpoints)
 
     # -- the latency predictor's observer (scheduling.predictor) -----------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from endpoint_picker.cli import build_parser, settings_from_args
+from endpoint_picker.errors import ConfigError
 from endpoint_picker.flags.serve import SERVE, reference
 from endpoint_picker.flags.spec import Flag, format_duration
 from endpoint_picker.flags.values import (
@@ -21,6 +22,7 @@ from endpoint_picker.flags.values import (
     INFERENCE_PATH,
     PERCENT,
     PORT,
+    TOKENIZER,
     WORKERS,
 )
 from endpoint_picker.settings import (
@@ -95,6 +97,7 @@ SAMPLES: dict[Any, tuple[str, Any]] = {
     None: ("x", "x"),
     INFERENCE_PATH: ("/v1/x", ("/v1/x",)),
     ENGINE_METRIC: ("e.f=m", {"e": {"f": "m"}}),
+    TOKENIZER: (__file__, (("", Path(__file__)),)),  # any existing file passes the reader
 }
 # flags that need another to be valid, or that change another field: (argv, field, value)
 ALSO: dict[str, tuple[list[str], str, Any]] = {
@@ -144,6 +147,21 @@ def test_each_flag_fills_its_field_and_nothing_else(flag: Flag) -> None:
         expected = _with(expected, also_field, also_value)
     settings = settings_from_args(build_parser().parse_args([*KUBERNETES, *argv, *also_argv]))
     assert settings == expected
+
+
+def test_tokenizers_are_per_model_or_pool_wide_and_never_two_for_one() -> None:
+    """--tokenizer MODEL=PATH and PATH read as (model, path), "" the whole pool; a second one
+    for the same model, or a path with no tokenizer.json, is a usage error."""
+    here = Path(__file__)
+    argv = [*KUBERNETES, "--tokenizer", f"llama={here}", "--tokenizer", str(here)]
+    settings = settings_from_args(build_parser().parse_args(argv))
+    assert settings.scheduling.tokenizers == (("llama", here), ("", here))
+    twice = build_parser().parse_args([*KUBERNETES, "--tokenizer", str(here), "--tokenizer",
+                                       str(here)])  # fmt: skip
+    with pytest.raises(ConfigError, match="two tokenizers for the whole pool"):
+        settings_from_args(twice)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*KUBERNETES, "--tokenizer", "m=/nonexistent/dir"])
 
 
 def test_a_vllm_metric_flag_refines_the_engine_metric_overrides() -> None:

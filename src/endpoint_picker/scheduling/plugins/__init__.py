@@ -14,6 +14,7 @@ from endpoint_picker.scheduling.plugins.pickers import (
     RandomPicker,
     WeightedRandomPicker,
 )
+from endpoint_picker.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from endpoint_picker.scheduling.plugins.predicted import (
     PredictedLatencyDetector,
     PredictedLatencyScorer,
@@ -37,6 +38,7 @@ __all__ = [
     "KVCacheUtilizationScorer",
     "LoraAffinityScorer",
     "MaxScorePicker",
+    "PrecisePrefixCacheScorer",
     "PredictedLatencyDetector",
     "PredictedLatencyScorer",
     "PrefixCacheScorer",
@@ -70,6 +72,7 @@ def register_builtins(registry: PluginRegistry) -> None:
     registry.register("candidate-sampler", CandidateSampler.from_params)
     registry.register("inflight-load-scorer", InFlightLoadScorer.from_params)
     registry.register("prefix-cache-scorer", PrefixCacheScorer.from_params)
+    registry.register("precise-prefix-cache-scorer", PrecisePrefixCacheScorer.from_params)
     registry.register("session-affinity-scorer", SessionAffinityScorer.from_params)
     registry.register("slo-aware-scorer", SloAwareScorer.from_params)
     registry.register("slo-saturation-detector", SloSaturationDetector.from_params)

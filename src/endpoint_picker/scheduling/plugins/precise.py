@@ -1,0 +1,211 @@
+"""``precise-prefix-cache-scorer``: score each endpoint by the prefix of the prompt it really
+holds, from the KV-cache events its vLLM publishes (``endpoint_picker.kvevents``).
+
+The prompt is tokenized with its model's tokenizer (``--tokenizer``; chat requests through the
+chat template), cut into blocks of ``blockSize`` tokens and hashed as the index hashes the
+blocks the servers report; an endpoint scores the fraction of the prompt's blocks it holds in a
+row from the first. Every worker and replica subscribes to the same events, so they score
+alike without talking to each other.
+
+Tokenizing a long prompt takes milliseconds (docs/scheduling.md has the measurements), so the
+scorer is also a ``Preparer``: a prompt whose body is under ``inlineBytes`` is tokenized on the
+event loop; a longer one on a thread, while the request waits (at most ``maxPendingTokenize``
+at a time: past that a request is scored 0 and the other scorers decide). The hashes of recent
+prompts are kept (LRU, ``maxCachedBlocks`` in all), so a repeated prompt costs a lookup.
+
+A request the scorer cannot tokenize (its model has no tokenizer, a batch of prompts, an
+embeddings request) scores 0 everywhere: the weighted sum is then the other scorers'.
+Parameter names follow llm-d's scorer where they exist (``tokenProcessorConfig``,
+``kvEventsConfig``, ``indexerConfig``).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from endpoint_picker.errors import ConfigError
+from endpoint_picker.kvevents.index import BlockHasher, BlockIndex
+from endpoint_picker.kvevents.subscriber import KVEventsConfig, KVEventsHub
+from endpoint_picker.kvevents.tokens import PromptTokenizer, load_tokenizers
+from endpoint_picker.requests import LLMRequest
+from endpoint_picker.scheduling.framework import OffLoopWork
+from endpoint_picker.scheduling.registry import Params, PluginContext
+from endpoint_picker.types import EndpointState
+
+log = structlog.get_logger(__name__)
+
+SHARED_KEY = "kv-events"  # PluginContext.shared: the hub the app runs
+
+
+class PrecisePrefixCacheScorer:
+    """Fraction of the prompt's leading blocks each endpoint holds, per the KV events."""
+
+    __slots__ = (
+        "_cache",
+        "_cached_blocks",
+        "_inline_bytes",
+        "_max_blocks",
+        "_max_cached",
+        "_max_pending",
+        "_pending",
+        "_tokenizer",
+        "hub",
+        "index",
+    )
+
+    def __init__(
+        self,
+        hub: KVEventsHub,
+        tokenizer: PromptTokenizer,
+        *,
+        max_prefix_blocks: int = 8192,
+        inline_bytes: int = 2048,
+        max_pending: int = 2,
+        max_cached_blocks: int = 1 << 20,
+    ) -> None:
+        self.hub = hub
+        self.index = hub.index
+        self._tokenizer = tokenizer
+        self._max_blocks = max_prefix_blocks
+        self._inline_bytes = inline_bytes
+        self._max_pending = max_pending
+        self._max_cached = max_cached_blocks
+        self._pending = 0
+        self._cache: OrderedDict[bytes, tuple[int, tuple[int, ...]]] = OrderedDict()
+        self._cached_blocks = 0
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> PrecisePrefixCacheScorer:
+        tokens = params.section("tokenProcessorConfig")
+        block_size = tokens.integer(
+            "blockSizeTokens", tokens.integer("blockSize", 16, minimum=1), minimum=1
+        )
+        seed = tokens.text("hashSeed")
+        tokens.finish()
+        events = params.section("kvEventsConfig")
+        discovery = events.section("podDiscoveryConfig")
+        port = discovery.integer("socketPort", 5557, minimum=1)
+        discovery.finish()
+        config = KVEventsConfig(
+            port=events.integer("socketPort", port, minimum=1),
+            bind_endpoint=events.text("zmqEndpoint"),
+            replay_port=events.integer("replayPort", 0, minimum=0),
+            topic_filter=events.text("topicFilter"),
+            max_message_bytes=events.integer("maxMessageBytes", 16 << 20, minimum=1024),
+            dead_after=events.duration("deadAfter", 30.0),
+            silence_timeout=events.duration("silenceTimeout", 0.0),
+            replay_timeout=events.duration("replayTimeout", 2.0),
+        )
+        discover = events.boolean("discoverPods", not config.bind_endpoint)
+        if discover == bool(config.bind_endpoint):
+            raise ConfigError(
+                "discoverPods: true subscribes to every pod (no zmqEndpoint); false binds "
+                "zmqEndpoint, which every pod connects to",
+                events.path("discoverPods"),
+            )
+        events.finish()
+        indexer = params.section("indexerConfig")
+        block_index = indexer.section("kvBlockIndexConfig")
+        memory = block_index.section("inMemoryConfig")
+        size = memory.integer("size", 1_000_000, minimum=1)
+        memory.finish()
+        block_index.finish()
+        per_endpoint = indexer.integer("maxBlocksPerEndpoint", min(size, 250_000), minimum=1)
+        indexer.finish()
+        if SHARED_KEY in ctx.shared:
+            raise ConfigError(
+                "one precise-prefix-cache-scorer per config (list it in several profiles instead)",
+                params.path("kvEventsConfig"),
+            )
+        index = BlockIndex(
+            BlockHasher(block_size, seed), max_blocks=size, max_blocks_per_endpoint=per_endpoint
+        )
+        hub = KVEventsHub(config, index, observer=ctx.observer, clock=ctx.clock)
+        ctx.shared[SHARED_KEY] = hub
+        scorer = cls(
+            hub,
+            PromptTokenizer(load_tokenizers(ctx.settings.tokenizers)),
+            max_prefix_blocks=params.integer("maxPrefixBlocks", 8192, minimum=1),
+            inline_bytes=params.integer("inlineBytes", 2048, minimum=0),
+            max_pending=params.integer("maxPendingTokenize", 2, minimum=0),
+            max_cached_blocks=params.integer("maxCachedBlocks", 1 << 20, minimum=0),
+        )
+        hub.tokenized_models = tuple(m for m, _ in ctx.settings.tokenizers)
+        return scorer
+
+    # -- the request path -----------------------------------------------------------------------
+
+    def prepare(self, request: LLMRequest) -> OffLoopWork | None:
+        """Tokenize now (a short prompt), hand back work for a thread (a long one), or
+        nothing (cached, no tokenizer, or too much pending already)."""
+        key = self._tokenizer.key(request)
+        if key is None:
+            log.debug("precise prefix: no tokens for this request (no tokenizer or no prompt)",
+                      request_id=request.log_id, model=request.target_model)  # fmt: skip
+            return None
+        root = self._root(request)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] == root:
+            return None
+        if len(request.raw_body) <= self._inline_bytes:
+            self._keep(key, root, self._hash(self._tokenizer.tokens(request), root))
+            return None
+        if self._pending >= self._max_pending:
+            log.debug("precise prefix: tokenizer busy; scored 0", request_id=request.log_id)
+            return None
+        self._pending += 1
+        return lambda: self._off_loop(request, key, root)
+
+    def _off_loop(self, request: LLMRequest, key: bytes, root: int) -> Callable[[], None]:
+        """On a thread: tokenize and hash; the loop then keeps the result."""
+        try:
+            keys = self._hash(self._tokenizer.tokens(request, off_loop=True), root)
+        except Exception:
+            log.exception("precise prefix: tokenizing failed", request_id=request.log_id)
+            keys = None
+
+        def finish() -> None:
+            self._pending -= 1
+            self._keep(key, root, keys)
+
+        return finish
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> list[float]:
+        key = self._tokenizer.key(request) if self._tokenizer else None
+        cached = self._cache.get(key) if key is not None else None
+        if cached is None or not cached[1] or cached[0] != self._root(request):
+            return [0.0] * len(endpoints)
+        self._cache.move_to_end(key)  # type: ignore[arg-type]  # not None with a cache entry
+        keys = cached[1]
+        counts = self.index.longest_prefix(keys, {e.endpoint.address for e in endpoints})
+        total = len(keys)
+        return [counts[e.endpoint.address] / total for e in endpoints]
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _root(self, request: LLMRequest) -> int:
+        model = request.target_model
+        return self.index.hasher.root(model if self.index.is_adapter(model) else None)
+
+    def _hash(self, tokens: array[int] | None, root: int) -> tuple[int, ...] | None:
+        if tokens is None:
+            return None
+        return tuple(self.index.hasher.chain(root, tokens, max_blocks=self._max_blocks))
+
+    def _keep(self, key: bytes, root: int, keys: tuple[int, ...] | None) -> None:
+        if keys is None:
+            return
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cached_blocks -= len(old[1])
+        if len(keys) > self._max_cached:
+            return
+        self._cache[key] = (root, keys)
+        self._cached_blocks += len(keys)
+        while self._cached_blocks > self._max_cached:
+            _, (_, dropped) = self._cache.popitem(last=False)
+            self._cached_blocks -= len(dropped)
