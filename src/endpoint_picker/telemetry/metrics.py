@@ -23,14 +23,13 @@ from prometheus_client import (
 from endpoint_picker.errors import ErrorCode
 from endpoint_picker.telemetry.collectors import (
     CallbackCounter,
-    Children,
     EjectedCollector,
     PoolCollector,
     PredictorCollector,
 )
 from endpoint_picker.telemetry.collectors import PoolStats as PoolStats
 from endpoint_picker.telemetry.families import HISTOGRAMS
-from endpoint_picker.telemetry.histogram import LoopHistogram
+from endpoint_picker.telemetry.histogram import Children, LoopHistogram
 
 # Our error kinds as the reference EPP labels `error_code` (dashboards filter on these).
 _REFERENCE_ERROR_CODES = {
