@@ -1,4 +1,6 @@
-"""Built-in pickers: each returns up to N distinct endpoints, best (or first drawn) first.
+"""Built-in pickers, and the profile handler that picks among the profiles' results.
+
+Each picker returns up to N distinct endpoints, best (or first drawn) first.
 
 N is ``maxNumOfEndpoints`` when given, else 1 + ``SchedulingSettings.max_fallback_endpoints``:
 the primary endpoint and the fallbacks the proxy may retry on.
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.registry import Params, PluginContext
@@ -110,3 +112,27 @@ class WeightedRandomPicker:
                 pos = int(rand() * len(remaining))
             picked.append(endpoints[remaining.pop(pos)])
         return picked
+
+
+# -- profile handlers: which profiles run for a request, and whose result answers it ------------
+
+
+class SingleProfileHandler:
+    """Runs the only profile once; its result is the answer (the build checks there is one)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> SingleProfileHandler:
+        return cls()
+
+    def pick_profiles(
+        self,
+        request: LLMRequest,
+        profiles: Sequence[str],
+        results: Mapping[str, Sequence[EndpointState]],
+    ) -> Sequence[str]:
+        return () if results else profiles[:1]
+
+    def primary(self, request: LLMRequest, results: Mapping[str, Sequence[EndpointState]]) -> str:
+        return next(iter(results))
