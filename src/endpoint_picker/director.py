@@ -46,6 +46,7 @@ from endpoint_picker.errors import (
 )
 from endpoint_picker.exchange import (
     Exchange,
+    Lifecycle,
     LocalAnswer,
     Outliers,
     ResponseSide,
@@ -63,7 +64,6 @@ from endpoint_picker.requests import (
     priority_of,
 )
 from endpoint_picker.scheduling import SaturationDetector, SchedulingResult, room_finder
-from endpoint_picker.scheduling.lifecycle import Lifecycle
 from endpoint_picker.target_model import OBJECTIVE_HEADER as OBJECTIVE_HEADER
 from endpoint_picker.target_model import (
     apply_objective,

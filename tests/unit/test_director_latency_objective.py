@@ -9,8 +9,9 @@ from tests.unit.test_director import PODS, completion, make_director
 
 from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
 from endpoint_picker.director import OBJECTIVE_HEADER, Director
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.scheduling import build_scheduling
-from endpoint_picker.scheduling.lifecycle import Finished, Lifecycle, Routed
+from endpoint_picker.scheduling.lifecycle import Finished, Routed
 from endpoint_picker.settings import SchedulingSettings
 from endpoint_picker.types import Criticality
 

@@ -20,9 +20,10 @@ from endpoint_picker.datastore.health import FailureKind
 from endpoint_picker.datastore.sources.file import parse_pool_text
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import PathNotFoundError
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.scheduling import build_scheduling
-from endpoint_picker.scheduling.lifecycle import Finished, Lifecycle, Routed
+from endpoint_picker.scheduling.lifecycle import Finished, Routed
 from endpoint_picker.settings import SchedulingSettings
 
 SEAM = {

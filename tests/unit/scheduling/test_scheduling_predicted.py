@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 from tests.unit.scheduling.builders import HEADER, build, clock, endpoint
 
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.requests import Api, LLMRequest
-from endpoint_picker.scheduling.lifecycle import InFlight, Lifecycle
+from endpoint_picker.scheduling.lifecycle import InFlight
 from endpoint_picker.scheduling.plugins import PredictedLatencyDetector, PredictedLatencyScorer
 from endpoint_picker.scheduling.plugins.predicted import (
     MAX_PRIORITIES,
@@ -184,7 +185,7 @@ def test_the_plugins_share_one_predictor_subscribed_once() -> None:
     e = endpoint()
     request = completion()
     scheduler.schedule(request, [e])
-    components.lifecycle.routed(request, e.hostport)
+    Lifecycle.of(components.subscribers).routed(request, e.hostport)
     assert detector_source.predictor.ahead(e.hostport)[1] == 1  # counted once, not twice
     assert {"x-slo-ttft-ms", "x-slo-tpot-ms"} <= components.request_headers
 
