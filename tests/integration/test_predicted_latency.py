@@ -4,24 +4,18 @@ predictor's error is exported as a metric."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
-import grpc
-from tests.integration.test_informed_scheduling import FakeClock, all_scraped_at, wait_for_metrics
-from tests.support.extproc import (
-    Client,
-    body,
-    headers,
-    json_body,
-    lb_metadata,
-    make_settings,
-    response_body,
-    response_headers,
-    running_app,
+from tests.support.extproc import Client, running_app
+from tests.support.fleet import (
+    FakeClock,
+    all_scraped_at,
+    fleet_settings,
+    timed_request,
+    wait_for_metrics,
 )
 from tests.support.model_servers import fake_model_servers
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import model
 
 ADDRS = ["127.0.9.12", "127.0.9.13", "127.0.9.14"]
 CONFIG = """\
@@ -38,19 +32,11 @@ async def served(
 ) -> str:
     """One streamed completion, routed (within ``subset``), whose first bytes come ``ttft``
     seconds of the EPP's clock later; the endpoint it went to."""
-    call = client.stub.Process()
-    await call.write(headers(subset=subset))
-    await call.write(body(json_body({"model": "m", "prompt": "hello", "stream": True})))
-    routing = await call.read()
-    await call.read()  # the request body, streamed back
-    await call.write(response_headers("text/event-stream"))
-    clock.now += ttft
-    await call.write(response_body(b'data: {"choices": [{"text": "a"}]}\n\n', False))
-    await call.write(response_body(b"data: [DONE]\n\n"))
-    await call.done_writing()
-    while await call.read() is not grpc.aio.EOF:  # the response path's answers
-        pass
-    return lb_metadata(routing)
+    completion = {"model": "m", "prompt": "hello", "stream": True}
+    chunks = (b'data: {"choices": [{"text": "a"}]}\n\n', b"data: [DONE]\n\n")
+    return await timed_request(
+        client, clock, completion, ttft, chunks, content_type="text/event-stream", subset=subset
+    )
 
 
 async def test_traffic_leaves_the_endpoint_predicted_slow(tmp_path: Path) -> None:
@@ -58,14 +44,8 @@ async def test_traffic_leaves_the_endpoint_predicted_slow(tmp_path: Path) -> Non
     50 ms, no request goes there any more, and the error gauge has a row per endpoint."""
     clock = FakeClock()
     async with fake_model_servers(ADDRS) as servers:
-        pods = [pod(f"p{i}", s.address) for i, s in enumerate(servers)]
-        settings = make_settings(tmp_path, pool_yaml(pool(port=servers[0].port), model("m"), *pods))
-        config = tmp_path / "config.yaml"
-        config.write_text(CONFIG)
-        settings = replace(
-            settings,
-            scrape=replace(settings.scrape, refresh_interval=0.02, staleness_threshold=1e6),
-            scheduling=replace(settings.scheduling, config_file=config),
+        settings = fleet_settings(
+            tmp_path, servers, model("m"), config=CONFIG, staleness_threshold=1e6
         )
         slow = servers[0].hostport
         async with running_app(settings, clock=clock) as (app, client):

@@ -4,25 +4,19 @@ from the endpoint that breaks the objective."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
-import grpc
 import orjson
-from tests.integration.test_informed_scheduling import FakeClock, all_scraped_at, wait_for_metrics
-from tests.support.extproc import (
-    Client,
-    body,
-    headers,
-    json_body,
-    lb_metadata,
-    make_settings,
-    response_body,
-    response_headers,
-    running_app,
+from tests.support.extproc import Client, running_app
+from tests.support.fleet import (
+    FakeClock,
+    all_scraped_at,
+    fleet_settings,
+    timed_request,
+    wait_for_metrics,
 )
 from tests.support.model_servers import fake_model_servers
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import model
 
 from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
 
@@ -43,19 +37,9 @@ async def served(
 ) -> str:
     """One ``crit`` request, routed (within ``subset``), answered after ``per_token`` x
     ``TOKENS`` seconds of the EPP's clock with a usage report; the endpoint it went to."""
-    call = client.stub.Process()
-    await call.write(headers(subset=subset))
-    await call.write(body(json_body({"model": "crit", "prompt": "hello"})))
-    routing = await call.read()
-    await call.read()  # the request body, streamed back
-    clock.now += per_token * TOKENS
-    usage = {"usage": {"prompt_tokens": 3, "completion_tokens": TOKENS}}
-    await call.write(response_headers())
-    await call.write(response_body(orjson.dumps(usage)))
-    await call.done_writing()
-    while await call.read() is not grpc.aio.EOF:  # the response path's answers
-        pass
-    return lb_metadata(routing)
+    usage = orjson.dumps({"usage": {"prompt_tokens": 3, "completion_tokens": TOKENS}})
+    request = {"model": "crit", "prompt": "hello"}
+    return await timed_request(client, clock, request, per_token * TOKENS, [usage], subset=subset)
 
 
 async def test_objective_traffic_leaves_the_endpoint_that_breaks_the_objective(
@@ -67,15 +51,7 @@ async def test_objective_traffic_leaves_the_endpoint_that_breaks_the_objective(
     crit = model("crit")
     crit["spec"]["objective"] = {OBJECTIVE_P95_KEY: "50ms"}
     async with fake_model_servers(ADDRS) as servers:
-        pods = [pod(f"p{i}", s.address) for i, s in enumerate(servers)]
-        settings = make_settings(tmp_path, pool_yaml(pool(port=servers[0].port), crit, *pods))
-        config = tmp_path / "config.yaml"
-        config.write_text(CONFIG)
-        settings = replace(
-            settings,
-            scrape=replace(settings.scrape, refresh_interval=0.02, staleness_threshold=2.0),
-            scheduling=replace(settings.scheduling, config_file=config),
-        )
+        settings = fleet_settings(tmp_path, servers, crit, config=CONFIG)
         slow = servers[0].hostport
         async with running_app(settings, clock=clock) as (app, client):
             await wait_for_metrics(app, all_scraped_at(clock))

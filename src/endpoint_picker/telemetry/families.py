@@ -42,71 +42,9 @@ DURATION_BUCKETS = (
 )
 # The reference EPP's tables, exactly: dashboards keyed on `le` depend on them (its 32778 in
 # the response-size and input-token tables, beside 32768 for request sizes, is kept as is).
-REQUEST_SIZE_BUCKETS = (
-    64,
-    128,
-    256,
-    512,
-    1024,
-    2048,
-    4096,
-    8192,
-    16384,
-    32768,
-    65536,
-    131072,
-    262144,
-    524288,
-    1048576,
-    2097152,
-    4194304,
-    8388608,
-    16777216,
-    33554432,
-    67108864,
-    134217728,
-    268435456,
-    536870912,
-    1073741824,
-)
-RESPONSE_SIZE_BUCKETS = (
-    1,
-    8,
-    16,
-    32,
-    64,
-    128,
-    256,
-    512,
-    1024,
-    2048,
-    4096,
-    8192,
-    16384,
-    32778,
-    65536,
-)
-INPUT_TOKEN_BUCKETS = (
-    1,
-    8,
-    16,
-    32,
-    64,
-    128,
-    256,
-    512,
-    1024,
-    2048,
-    4096,
-    8192,
-    16384,
-    32778,
-    65536,
-    131072,
-    262144,
-    524288,
-    1048576,
-)
+REQUEST_SIZE_BUCKETS = tuple(2**n for n in range(6, 31))  # 64 B to 1 GiB
+RESPONSE_SIZE_BUCKETS = (1, *(2**n for n in range(3, 15)), 32778, 65536)  # 1 B to 64 KiB
+INPUT_TOKEN_BUCKETS = (*RESPONSE_SIZE_BUCKETS, *(2**n for n in range(17, 21)))  # to 1 Mi tokens
 OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)

@@ -11,18 +11,15 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Mapping, Sequence
+from typing import Self
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
 
 
-def _max_endpoints(params: Params, ctx: PluginContext) -> int:
-    return params.integer("maxNumOfEndpoints", ctx.max_endpoints, minimum=1)
-
-
-class RandomPicker:
-    """Ignores scores: N endpoints uniformly at random."""
+class _Picker:
+    """What every built-in picker holds: N and the random source it draws or breaks ties with."""
 
     __slots__ = ("_k", "_rng")
 
@@ -31,8 +28,14 @@ class RandomPicker:
         self._rng = rng
 
     @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> RandomPicker:
-        return cls(_max_endpoints(params, ctx), ctx.rng)
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> Self:
+        return cls(params.integer("maxNumOfEndpoints", ctx.max_endpoints, minimum=1), ctx.rng)
+
+
+class RandomPicker(_Picker):
+    """Ignores scores: N endpoints uniformly at random."""
+
+    __slots__ = ()
 
     def pick(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], scores: Sequence[float]
@@ -40,22 +43,14 @@ class RandomPicker:
         return self._rng.sample(endpoints, min(self._k, len(endpoints)))
 
 
-class MaxScorePicker:
+class MaxScorePicker(_Picker):
     """The N highest scores, best first; equal scores are ordered at random.
 
     Random tie-breaking matters: with equal metrics (an idle pool, or between scrapes) a fixed
     order would send every request to the same endpoint.
     """
 
-    __slots__ = ("_k", "_rng")
-
-    def __init__(self, max_endpoints: int, rng: random.Random) -> None:
-        self._k = max_endpoints
-        self._rng = rng
-
-    @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> MaxScorePicker:
-        return cls(_max_endpoints(params, ctx), ctx.rng)
+    __slots__ = ()
 
     def pick(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], scores: Sequence[float]
@@ -71,22 +66,14 @@ class MaxScorePicker:
         return tuple(endpoints[i] for _, _, i in heapq.nlargest(self._k, keyed))
 
 
-class WeightedRandomPicker:
+class WeightedRandomPicker(_Picker):
     """Draws N endpoints without replacement, each with probability proportional to its score.
 
     Spreads load more than max-score while still favouring good endpoints; when every
     remaining score is zero the draw is uniform.
     """
 
-    __slots__ = ("_k", "_rng")
-
-    def __init__(self, max_endpoints: int, rng: random.Random) -> None:
-        self._k = max_endpoints
-        self._rng = rng
-
-    @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> WeightedRandomPicker:
-        return cls(_max_endpoints(params, ctx), ctx.rng)
+    __slots__ = ()
 
     def pick(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], scores: Sequence[float]
