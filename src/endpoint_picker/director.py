@@ -236,17 +236,6 @@ class Director:
         loaded, with a Ready endpoint; a subset hint or a model may still narrow it to none."""
         return bool(self._pool.endpoint_states())
 
-    def finished(
-        self,
-        request_id: str,
-        ok: bool,
-        seconds: float | None = None,
-        output_tokens: int | None = None,
-    ) -> None:
-        """A routed request's response ended (``ok``) or its stream closed first: once each,
-        after ``seconds`` end to end, with the response's ``output_tokens`` when it had usage."""
-        self._response.finished(request_id, ok, seconds, output_tokens)
-
     def route(
         self,
         request_id: str,

@@ -269,18 +269,13 @@ class ResponseSide:
         exchange.done = True
         usage = exchange.usage.finish() if ok and exchange.usage is not None else None
         output_tokens = usage.completion_tokens if usage is not None else None
-        self.finished(decision.request.request_id, ok, seconds, output_tokens)
+        self._lifecycle.finished(decision.request.request_id, ok, seconds, output_tokens)
+        if self._flow is not None:
+            self._flow.kick()
         return True
 
     def started(self, request_id: str) -> None:
         self._lifecycle.started(request_id)
-        if self._flow is not None:
-            self._flow.kick()
-
-    def finished(
-        self, request_id: str, ok: bool, seconds: float | None, output_tokens: int | None
-    ) -> None:
-        self._lifecycle.finished(request_id, ok, seconds, output_tokens)
         if self._flow is not None:
             self._flow.kick()
 
