@@ -9,15 +9,17 @@ from typing import Any
 
 from tests.integration.test_informed_scheduling import settings_for
 from tests.support.extproc import (
+    FakeClock,
+    all_scraped_at,
     body,
     headers,
     json_body,
     lb_metadata,
     response_body,
     response_headers,
+    wait_for_metrics,
 )
 from tests.support.extproc import running_app as _running_app
-from tests.support.fleet import FakeClock, all_scraped_at, wait_for_metrics
 from tests.support.model_servers import FakeModelServer, fake_model_servers, vllm_metrics
 
 from endpoint_picker.app import App

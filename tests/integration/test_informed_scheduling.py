@@ -5,9 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.support.extproc import body, error_of, headers, json_body, lb_metadata
+from tests.support.extproc import (
+    FakeClock,
+    all_scraped_at,
+    body,
+    error_of,
+    fleet_settings,
+    headers,
+    json_body,
+    lb_metadata,
+    wait_for_metrics,
+)
 from tests.support.extproc import running_app as _running_app
-from tests.support.fleet import FakeClock, all_scraped_at, fleet_settings, wait_for_metrics
 from tests.support.model_servers import FakeModelServer, fake_model_servers, vllm_metrics
 from tests.support.pool import model
 
