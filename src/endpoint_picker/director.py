@@ -49,6 +49,7 @@ from endpoint_picker.exchange import (
     Lifecycle,
     LocalAnswer,
     Outliers,
+    ResponseHead,
     ResponseSide,
 )
 from endpoint_picker.exchange import QueuedRoute as QueuedRoute  # what the director returns
@@ -188,19 +189,11 @@ class Director:
             exchange.client_id,
         )
 
-    def on_response_headers(
-        self,
-        exchange: Exchange,
-        served: str,
-        status: int,
-        upstream_failure: bool,
-        content_type: str,
-    ) -> str | None:
-        """The response's headers, from ``served`` (Envoy's
-        ``x-gateway-destination-endpoint-served``; "" without it), with ``status``: the
-        response side's steps (``exchange.ResponseSide.headers``); returns the session token
-        the response carries, or None."""
-        return self._response.headers(exchange, served, status, upstream_failure, content_type)
+    def on_response_headers(self, exchange: Exchange, head: ResponseHead) -> str | None:
+        """The response's headers (``head``): the response side's steps
+        (``exchange.ResponseSide.headers``); returns the session token the response carries,
+        or None."""
+        return self._response.headers(exchange, head)
 
     def on_response_body(self, exchange: Exchange, chunk: bytes) -> None:
         """A chunk of the response's body (read for usage; the first means started)."""

@@ -71,6 +71,18 @@ class LocalAnswer:
     models: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """What a response's headers tell the director: the endpoint Envoy says served it (its
+    ``x-gateway-destination-endpoint-served``; "" without it), the status (0 when absent or not
+    a number), the content type, and whether Envoy failed to reach the upstream."""
+
+    served: str = ""
+    status: int = 0
+    content_type: str = ""
+    upstream_failure: bool = False
+
+
 class Exchange:
     """One request's state in the director; the stream holds it and hands it back."""
 
@@ -218,18 +230,12 @@ class ResponseSide:
         self._flow = flow  # a request leaving a server's queue may let a waiting one in
         self._session_tokens = session_tokens
 
-    def headers(
-        self,
-        exchange: Exchange,
-        served: str,
-        status: int,
-        upstream_failure: bool,
-        content_type: str,
-    ) -> str | None:
+    def headers(self, exchange: Exchange, head: ResponseHead) -> str | None:
         """The response's headers: the session token to add (None: add nothing)."""
+        served, status, upstream_failure = head.served, head.status, head.upstream_failure
         if served:
             exchange.served = served
-        exchange.usage = UsageReader(content_type)
+        exchange.usage = UsageReader(head.content_type)
         decision = exchange.decision
         if decision is None:
             return None

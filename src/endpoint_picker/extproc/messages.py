@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
 from endpoint_picker.errors import ErrorCode
+from endpoint_picker.exchange import ResponseHead
 from endpoint_picker.extproc import wire
 from endpoint_picker.types import ascii_int
 
@@ -211,9 +212,8 @@ def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
     return []
 
 
-def response_head(message: pb.ProcessingRequest) -> tuple[str, int, str, bool]:
-    """A response's headers as (the endpoint Envoy says served it, or ""; the status, 0 when
-    absent or not a number; the content type; whether Envoy failed to reach the upstream)."""
+def response_head(message: pb.ProcessingRequest) -> ResponseHead:
+    """What a response's headers tell the director (``exchange.ResponseHead``)."""
     served = metadata_string(message, wire.LB_NAMESPACE, wire.SERVED_ENDPOINT_KEY) or ""
     content_type, status, upstream_failure = "", 0, False
     for header in message.response_headers.headers.headers:
@@ -224,4 +224,4 @@ def response_head(message: pb.ProcessingRequest) -> tuple[str, int, str, bool]:
             status = ascii_int(header_value(header), 999) or 0
         elif key == wire.UPSTREAM_FAILURE_HEADER:
             upstream_failure = True
-    return served, status, content_type, upstream_failure
+    return ResponseHead(served, status, content_type, upstream_failure)

@@ -327,14 +327,12 @@ class RequestStream:
     # -- response path --------------------------------------------------------------------------
 
     def _on_response_headers(self, message: pb.ProcessingRequest) -> Responses:
-        served, status, content_type, upstream_failure = messages.response_head(message)
+        head = messages.response_head(message)
         exchange = self._exchange
         token = None
         if exchange is not None:
-            token = self._director.on_response_headers(
-                exchange, served, status, upstream_failure, content_type
-            )
-        if status >= 400 and self._decision is not None and self._metrics is not None:
+            token = self._director.on_response_headers(exchange, head)
+        if head.status >= 400 and self._decision is not None and self._metrics is not None:
             request = self._decision.request
             self._metrics.request_failed(request.model, request.target_model, MODEL_SERVER_ERROR)
         if message.response_headers.end_of_stream:
