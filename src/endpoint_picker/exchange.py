@@ -22,7 +22,7 @@ import structlog
 
 from endpoint_picker.datastore.health import FailureKind
 from endpoint_picker.errors import RequestError
-from endpoint_picker.requests import Api, LLMRequest
+from endpoint_picker.requests import Api, LLMRequest, UsageReader
 from endpoint_picker.scheduling.lifecycle import (
     Finished,
     LifecycleListener,
@@ -32,7 +32,6 @@ from endpoint_picker.scheduling.lifecycle import (
     Subscribers,
 )
 from endpoint_picker.scheduling.plugins.session import SESSION_TOKEN_HEADER, session_token
-from endpoint_picker.telemetry.usage import UsageReader
 from endpoint_picker.types import EndpointState
 
 __all__ = ["SESSION_TOKEN_HEADER"]
