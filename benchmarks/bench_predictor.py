@@ -15,8 +15,9 @@ import random
 import statistics
 import time
 
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.requests import Api, LLMRequest
-from endpoint_picker.scheduling.lifecycle import InFlight, Lifecycle
+from endpoint_picker.scheduling.lifecycle import InFlight
 from endpoint_picker.scheduling.plugins.predicted import PredictedLatencyScorer, PredictionSource
 from endpoint_picker.scheduling.predictor import LatencyPredictor
 from endpoint_picker.types import Endpoint, EndpointState, MetricsSnapshot

@@ -26,6 +26,7 @@ from endpoint_picker.bench.stats import percentile
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
 from endpoint_picker.director import Director
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.scheduling import build_scheduling, load_config
 from endpoint_picker.settings import SchedulingSettings
@@ -58,7 +59,7 @@ def build(endpoints: int, config_text: str | None) -> tuple[Director, EppMetrics
         observer=metrics,
     )
     director = Director(
-        store, parts.scheduler, parts.saturation_detector, lifecycle=parts.lifecycle
+        store, parts.scheduler, parts.saturation_detector, lifecycle=Lifecycle.of(parts.subscribers)
     )
     return director, metrics
 

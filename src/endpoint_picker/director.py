@@ -47,8 +47,10 @@ from endpoint_picker.errors import (
 )
 from endpoint_picker.exchange import (
     Exchange,
+    Lifecycle,
     LocalAnswer,
     Outliers,
+    ResponseHead,
     ResponseSide,
 )
 from endpoint_picker.exchange import QueuedRoute as QueuedRoute  # what the director returns
@@ -71,7 +73,6 @@ from endpoint_picker.scheduling import (
     SchedulingResult,
     room_finder,
 )
-from endpoint_picker.scheduling.lifecycle import Lifecycle
 from endpoint_picker.target_model import OBJECTIVE_HEADER as OBJECTIVE_HEADER
 from endpoint_picker.target_model import (
     apply_objective,
@@ -198,19 +199,11 @@ class Director:
             exchange.client_id,
         )
 
-    def on_response_headers(
-        self,
-        exchange: Exchange,
-        served: str,
-        status: int,
-        upstream_failure: bool,
-        content_type: str,
-    ) -> str | None:
-        """The response's headers, from ``served`` (Envoy's
-        ``x-gateway-destination-endpoint-served``; "" without it), with ``status``: the
-        response side's steps (``exchange.ResponseSide.headers``); returns the session token
-        the response carries, or None."""
-        return self._response.headers(exchange, served, status, upstream_failure, content_type)
+    def on_response_headers(self, exchange: Exchange, head: ResponseHead) -> str | None:
+        """The response's headers (``head``): the response side's steps
+        (``exchange.ResponseSide.headers``); returns the session token the response carries,
+        or None."""
+        return self._response.headers(exchange, head)
 
     def on_response_body(self, exchange: Exchange, chunk: bytes) -> None:
         """A chunk of the response's body (read for usage; the first means started)."""
@@ -245,17 +238,6 @@ class Director:
         """Whether the pool has an endpoint to route to now (the gateway's ``GET /health``):
         loaded, with a Ready endpoint; a subset hint or a model may still narrow it to none."""
         return bool(self._pool.endpoint_states())
-
-    def finished(
-        self,
-        request_id: str,
-        ok: bool,
-        seconds: float | None = None,
-        output_tokens: int | None = None,
-    ) -> None:
-        """A routed request's response ended (``ok``) or its stream closed first: once each,
-        after ``seconds`` end to end, with the response's ``output_tokens`` when it had usage."""
-        self._response.finished(request_id, ok, seconds, output_tokens)
 
     def route(
         self,

@@ -14,19 +14,29 @@ stream keeps only the protocol and its own metrics.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+import structlog
 
 from endpoint_picker.datastore.health import FailureKind
 from endpoint_picker.errors import RequestError
-from endpoint_picker.requests import Api, LLMRequest
-from endpoint_picker.scheduling.lifecycle import Lifecycle
+from endpoint_picker.requests import Api, LLMRequest, UsageReader
+from endpoint_picker.scheduling.lifecycle import (
+    Finished,
+    LifecycleListener,
+    PoolListener,
+    Routed,
+    StartListener,
+    Subscribers,
+)
 from endpoint_picker.scheduling.plugins.session import SESSION_TOKEN_HEADER, session_token
-from endpoint_picker.telemetry.usage import UsageReader
 from endpoint_picker.types import EndpointState
 
 __all__ = ["SESSION_TOKEN_HEADER"]
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +68,18 @@ class LocalAnswer:
 
     ready: bool = True
     models: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """What a response's headers tell the director: the endpoint Envoy says served it (its
+    ``x-gateway-destination-endpoint-served``; "" without it), the status (0 when absent or not
+    a number), the content type, and whether Envoy failed to reach the upstream."""
+
+    served: str = ""
+    status: int = 0
+    content_type: str = ""
+    upstream_failure: bool = False
 
 
 class Exchange:
@@ -109,6 +131,61 @@ class Exchange:
         self.usage: UsageReader | None = None
 
 
+_L = TypeVar("_L", LifecycleListener, PoolListener, StartListener)
+
+
+class Lifecycle:
+    """Sends the lifecycle events (``scheduling.lifecycle``) to their subscribers from where the
+    director sees them happen: routed (``Director.route``), started and finished (the
+    ``ResponseSide``), and the pool's changes. A failing listener is logged, never fatal."""
+
+    __slots__ = ("_listeners", "_pool_listeners", "_start_listeners")
+
+    def __init__(
+        self,
+        listeners: Sequence[LifecycleListener] = (),
+        pool_listeners: Sequence[PoolListener] = (),
+        start_listeners: Sequence[StartListener] = (),
+    ) -> None:
+        self._listeners = tuple(listeners)
+        self._pool_listeners = tuple(pool_listeners)
+        self._start_listeners = tuple(start_listeners)
+
+    @classmethod
+    def of(cls, subscribers: Subscribers) -> Lifecycle:
+        return cls(subscribers.lifecycle, subscribers.pool, subscribers.start)
+
+    def routed(self, request: LLMRequest, endpoint: str) -> None:
+        event = Routed(request, endpoint)
+        _each(self._listeners, lambda listener: listener.on_routed(event))
+
+    def started(self, request_id: str) -> None:
+        _each(self._start_listeners, lambda listener: listener.on_started(request_id))
+
+    def finished(
+        self,
+        request_id: str,
+        ok: bool,
+        seconds: float | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        event = Finished(request_id, ok, seconds, output_tokens)
+        _each(self._listeners, lambda listener: listener.on_finished(event))
+
+    def endpoints_changed(self, hostports: Iterable[str]) -> None:
+        live = frozenset(hostports)
+        _each(self._pool_listeners, lambda listener: listener.on_endpoints(live))
+
+
+def _each(listeners: Sequence[_L], call: Callable[[_L], None]) -> None:
+    """``call`` every listener; one that raises is logged and the others still run."""
+    for listener in listeners:
+        try:
+            call(listener)
+        except Exception:
+            log.exception("lifecycle listener failed", listener=type(listener).__name__)
+
+
 class PoolHealth(Protocol):
     """What the response side reads and marks of the pool."""
 
@@ -152,18 +229,12 @@ class ResponseSide:
         self._flow = flow  # a request leaving a server's queue may let a waiting one in
         self._session_tokens = session_tokens
 
-    def headers(
-        self,
-        exchange: Exchange,
-        served: str,
-        status: int,
-        upstream_failure: bool,
-        content_type: str,
-    ) -> str | None:
+    def headers(self, exchange: Exchange, head: ResponseHead) -> str | None:
         """The response's headers: the session token to add (None: add nothing)."""
+        served, status, upstream_failure = head.served, head.status, head.upstream_failure
         if served:
             exchange.served = served
-        exchange.usage = UsageReader(content_type)
+        exchange.usage = UsageReader(head.content_type)
         decision = exchange.decision
         if decision is None:
             return None
@@ -203,18 +274,13 @@ class ResponseSide:
         exchange.done = True
         usage = exchange.usage.finish() if ok and exchange.usage is not None else None
         output_tokens = usage.completion_tokens if usage is not None else None
-        self.finished(decision.request.request_id, ok, seconds, output_tokens)
+        self._lifecycle.finished(decision.request.request_id, ok, seconds, output_tokens)
+        if self._flow is not None:
+            self._flow.kick()
         return True
 
     def started(self, request_id: str) -> None:
         self._lifecycle.started(request_id)
-        if self._flow is not None:
-            self._flow.kick()
-
-    def finished(
-        self, request_id: str, ok: bool, seconds: float | None, output_tokens: int | None
-    ) -> None:
-        self._lifecycle.finished(request_id, ok, seconds, output_tokens)
         if self._flow is not None:
             self._flow.kick()
 

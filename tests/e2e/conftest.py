@@ -71,9 +71,20 @@ async def stack(
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    timeout = aiohttp.ClientTimeout(total=20)
-    async with aiohttp.ClientSession(timeout=timeout) as client:
+    async with _client_session() as client:
         yield client
+
+
+@pytest_asyncio.fixture
+async def own_session() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session on the test's own event loop, for the tests that build their own stack
+    rather than share the module's."""
+    async with _client_session() as client:
+        yield client
+
+
+def _client_session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
 
 
 @pytest.fixture(autouse=True)

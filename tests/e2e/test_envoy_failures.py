@@ -30,12 +30,6 @@ PAYLOAD = {"model": "m", "prompt": "hello"}
 
 
 @pytest_asyncio.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as client:
-        yield client
-
-
-@pytest_asyncio.fixture
 async def ranked() -> AsyncIterator[list[Backend]]:
     """Three backends the EPP ranks in order: idle, a little busy, very busy."""
     async with backends(("127.0.0.5", "127.0.0.6", "127.0.0.7")) as servers:
@@ -58,7 +52,7 @@ async def fallback_gateway(tmp_path: Path, ranked: list[Backend]) -> AsyncIterat
 
 
 async def test_fallback_retry_lands_on_the_second_endpoint_when_the_first_is_down(
-    tmp_path: Path, ranked: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path, ranked: list[Backend], own_session: aiohttp.ClientSession
 ) -> None:
     """Fallback variant: first endpoint refuses connections; the retry serves from the second."""
     first, second, third = ranked
@@ -67,7 +61,7 @@ async def test_fallback_retry_lands_on_the_second_endpoint_when_the_first_is_dow
         # retry moves on to the second endpoint the EPP named.
         await first.stop()
         for _ in range(3):
-            reply = await post(session, envoy.url, PAYLOAD)
+            reply = await post(own_session, envoy.url, PAYLOAD)
             assert reply.status == 200, (reply.body, envoy.log_tail())
             assert reply.json["served_by"] == second.hostport
         # first named (not yet known dead, Envoy retried) or second (known dead)
@@ -79,7 +73,7 @@ async def test_fallback_retry_lands_on_the_second_endpoint_when_the_first_is_dow
 
 
 async def test_fallback_answers_503_when_every_named_endpoint_is_down(
-    tmp_path: Path, ranked: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path, ranked: list[Backend], own_session: aiohttp.ClientSession
 ) -> None:
     """Fallback variant fails closed: the EPP's list exhausted, Envoy picks no other endpoint."""
     first, second, third = ranked
@@ -87,7 +81,7 @@ async def test_fallback_answers_503_when_every_named_endpoint_is_down(
         # Both reset every request (alive for /metrics, so the EPP keeps naming them).
         first.reset_requests = second.reset_requests = True
         try:
-            reply = await post(session, envoy.url, PAYLOAD)
+            reply = await post(own_session, envoy.url, PAYLOAD)
         finally:
             first.reset_requests = second.reset_requests = False
         assert reply.status == 503, reply.body
@@ -98,21 +92,21 @@ async def test_fallback_answers_503_when_every_named_endpoint_is_down(
 
 
 async def test_reference_answers_503_for_a_list_of_endpoints(
-    tmp_path: Path, ranked: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path, ranked: list[Backend], own_session: aiohttp.ClientSession
 ) -> None:
     """ORIGINAL_DST routes to one address only: an EPP sending fallbacks gets Envoy's 503."""
     async with (
         running_epp(tmp_path, e2e_pool(ranked), fallbacks=1) as epp,
         running_envoy(tmp_path, "reference", epp_port=epp.ports.ext_proc) as envoy,
     ):
-        reply = await post(session, envoy.url, PAYLOAD)
+        reply = await post(own_session, envoy.url, PAYLOAD)
     assert reply.status == 503, reply.body
     assert not any(b.received for b in ranked)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 async def test_epp_stopped_fails_closed_even_with_a_client_destination_header(
-    tmp_path: Path, variant: str, ranked: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path, variant: str, ranked: list[Backend], own_session: aiohttp.ClientSession
 ) -> None:
     """EPP stopped (FailClose): 5xx, and a client-sent destination header reaches no backend."""
     endpoints = [b.hostport for b in ranked]
@@ -120,12 +114,12 @@ async def test_epp_stopped_fails_closed_even_with_a_client_destination_header(
         running_epp(tmp_path, e2e_pool(ranked)) as epp,
         running_envoy(tmp_path, variant, epp_port=epp.ports.ext_proc, endpoints=endpoints) as envoy,
     ):
-        assert (await post(session, envoy.url, PAYLOAD)).status == 200
+        assert (await post(own_session, envoy.url, PAYLOAD)).status == 200
         await epp.stop(drain_timeout=0.2)
         for backend in ranked:
             backend.received.clear()
         for spoof in ({}, {DESTINATION: ranked[2].hostport}):
-            reply = await post(session, envoy.url, PAYLOAD, headers=spoof)
+            reply = await post(own_session, envoy.url, PAYLOAD, headers=spoof)
             assert reply.status == 500, reply.body
             assert reply.headers["content-type"] == "application/json"  # not an empty 500
             assert "endpoint picker failed or cannot be reached" in reply.json["error"]["message"]
@@ -138,7 +132,11 @@ async def test_epp_stopped_fails_closed_even_with_a_client_destination_header(
     [("reference", 500), ("fallback", 500), ("buffered", 503)],
 )
 async def test_fail_open_without_an_epp_still_never_lets_the_client_choose(
-    tmp_path: Path, variant: str, status: int, ranked: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path,
+    variant: str,
+    status: int,
+    ranked: list[Backend],
+    own_session: aiohttp.ClientSession,
 ) -> None:
     """failure_mode_allow=true, no EPP: unrouted, so 503 (or 500); a client header is dropped."""
     endpoints = [b.hostport for b in ranked]
@@ -149,7 +147,9 @@ async def test_fail_open_without_an_epp_still_never_lets_the_client_choose(
         endpoints=endpoints,
         failure_mode_allow=True,
     ) as envoy:
-        reply = await post(session, envoy.url, PAYLOAD, headers={DESTINATION: ranked[0].hostport})
+        reply = await post(
+            own_session, envoy.url, PAYLOAD, headers={DESTINATION: ranked[0].hostport}
+        )
         # (failed once in a full run, not reproduced since: Envoy's log says why next time)
         assert reply.status == status, (reply.body, envoy.log_tail())
     assert not any(b.received for b in ranked)
@@ -157,7 +157,7 @@ async def test_fail_open_without_an_epp_still_never_lets_the_client_choose(
 
 @pytest.mark.parametrize("variant", ["reference", "buffered"])
 async def test_a_killed_pod_costs_at_most_one_error(
-    tmp_path: Path, variant: str, ranked: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path, variant: str, ranked: list[Backend], own_session: aiohttp.ClientSession
 ) -> None:
     """A pod gone between scrapes: Envoy's connect failure takes it out after one 503."""
     for backend in ranked:
@@ -171,7 +171,7 @@ async def test_a_killed_pod_costs_at_most_one_error(
     ):
         dead = ranked[0]
         await dead.stop()
-        replies = [await post(session, envoy.url, PAYLOAD) for _ in range(12)]
+        replies = [await post(own_session, envoy.url, PAYLOAD) for _ in range(12)]
         failed = [r for r in replies if r.status != 200]
         assert len(failed) <= 1, [r.body for r in failed]
         for reply in failed:

@@ -21,19 +21,13 @@ PAYLOAD = {"model": "m", "prompt": "hello"}
 
 
 @pytest_asyncio.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as client:
-        yield client
-
-
-@pytest_asyncio.fixture
 async def fleet() -> AsyncIterator[list[Backend]]:
     async with backends(("127.0.8.2", "127.0.8.3")) as servers:
         yield servers
 
 
 async def test_epp_restarted_behind_a_running_envoy(
-    tmp_path: Path, fleet: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path, fleet: list[Backend], own_session: aiohttp.ClientSession
 ) -> None:
     """The shipped config fails closed while the EPP is down (a JSON 500 naming the EPP, no
     backend reached) and routes again, without touching Envoy, once an EPP listens again."""
@@ -45,11 +39,11 @@ async def test_epp_restarted_behind_a_running_envoy(
         async with running_epp(tmp_path / "a", e2e_pool(fleet), port=port) as epp:
             assert epp.ports.ext_proc == port
             deadline = time.monotonic() + 10
-            while (await post(session, envoy.url, PAYLOAD)).status != 200:
+            while (await post(own_session, envoy.url, PAYLOAD)).status != 200:
                 assert time.monotonic() < deadline, "Envoy never reached the EPP"
                 await asyncio.sleep(0.1)
         received = sum(len(b.received) for b in fleet)
-        down = await post(session, envoy.url, PAYLOAD)
+        down = await post(own_session, envoy.url, PAYLOAD)
         assert down.status == 500
         assert "endpoint picker" in down.json["error"]["message"]
         assert sum(len(b.received) for b in fleet) == received
@@ -57,14 +51,14 @@ async def test_epp_restarted_behind_a_running_envoy(
             deadline = time.monotonic() + 10
             statuses = []
             while True:
-                reply = await post(session, envoy.url, PAYLOAD)
+                reply = await post(own_session, envoy.url, PAYLOAD)
                 statuses.append(reply.status)
                 if reply.status == 200:
                     break
                 assert time.monotonic() < deadline, statuses
                 await asyncio.sleep(0.1)
             for _ in range(5):  # and it stays up
-                assert (await post(session, envoy.url, PAYLOAD)).status == 200
+                assert (await post(own_session, envoy.url, PAYLOAD)).status == 200
         assert set(statuses[:-1]) <= {500}, statuses
 
 
@@ -91,7 +85,7 @@ async def _trickle(url: str, payload: bytes, gap: float) -> tuple[int, float]:
 
 
 async def test_a_trickled_body_holds_up_no_other_request(
-    tmp_path: Path, fleet: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path, fleet: list[Backend], own_session: aiohttp.ClientSession
 ) -> None:
     """A client sending its body a byte at a time (about 2 s in all) neither blocks the
     requests that arrive meanwhile nor makes the EPP hold more than that one small body."""
@@ -108,7 +102,7 @@ async def test_a_trickled_body_holds_up_no_other_request(
         latencies = []
         while not slow.done():
             started = time.monotonic()
-            assert (await post(session, envoy.url, PAYLOAD)).status == 200
+            assert (await post(own_session, envoy.url, PAYLOAD)).status == 200
             latencies.append(time.monotonic() - started)
             held = epp.metrics.registry.get_sample_value(
                 "inference_extension_buffered_request_bytes"
@@ -124,7 +118,7 @@ async def test_a_trickled_body_holds_up_no_other_request(
 
 
 async def test_a_slow_reader_holds_up_no_other_request(
-    tmp_path: Path, fleet: list[Backend], session: aiohttp.ClientSession
+    tmp_path: Path, fleet: list[Backend], own_session: aiohttp.ClientSession
 ) -> None:
     """A client that opens a streamed response and does not read it: other requests, and
     other streams, complete as usual; the slow one still gets its whole response later."""
@@ -147,7 +141,7 @@ async def test_a_slow_reader_holds_up_no_other_request(
             latencies = []
             for _ in range(10):  # while the unread stream runs (about a second)
                 started = time.monotonic()
-                streamed = await post(session, envoy.url, {**PAYLOAD, "stream": True})
+                streamed = await post(own_session, envoy.url, {**PAYLOAD, "stream": True})
                 assert streamed.status == 200
                 assert streamed.body.endswith(b"data: [DONE]\n\n")
                 latencies.append(time.monotonic() - started)

@@ -4,30 +4,26 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tests.integration.test_informed_scheduling import (
+from tests.integration.test_informed_scheduling import settings_for
+from tests.support.extproc import (
     FakeClock,
     all_scraped_at,
-    settings_for,
-    wait_for_metrics,
-)
-from tests.support.extproc import (
     body,
     headers,
     json_body,
     lb_metadata,
     response_body,
     response_headers,
+    wait_for_metrics,
 )
 from tests.support.extproc import running_app as _running_app
 from tests.support.model_servers import FakeModelServer, fake_model_servers, vllm_metrics
 
 from endpoint_picker.app import App
 from endpoint_picker.scheduling.plugins.session import token_endpoint
-from endpoint_picker.settings import Settings
 
 CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -55,18 +51,12 @@ ADDRS = ["127.0.2.2", "127.0.2.3", "127.0.2.4"]
 SYSTEM = "You are a helpful assistant who answers in haiku. " * 40  # about 2 KB
 
 
-def with_config(tmp_path: Path, settings: Settings) -> Settings:
-    config = tmp_path / "config.yaml"
-    config.write_text(CONFIG)
-    return replace(settings, scheduling=replace(settings.scheduling, config_file=config))
-
-
 @contextlib.asynccontextmanager
 async def affinity_app(tmp_path: Path) -> AsyncIterator[tuple[App, Any, list[FakeModelServer]]]:
     """Three fake model servers, the EPP with CONFIG in front, every endpoint scraped once."""
     clock = FakeClock()
     async with fake_model_servers(ADDRS) as servers:
-        settings = with_config(tmp_path, settings_for(tmp_path, servers))
+        settings = settings_for(tmp_path, servers, CONFIG)
         async with _running_app(settings, clock=clock) as (app, client):
             await wait_for_metrics(app, all_scraped_at(clock))
             yield app, client, servers

@@ -178,6 +178,15 @@ async def test_a_client_that_never_reads_stops_being_read_and_then_gets_everythi
 # -- item 10: floods ----------------------------------------------------------------------------
 
 
+async def calmed(client: RawClient, reason: bytes) -> None:
+    """The server ends the connection with GOAWAY ENHANCE_YOUR_CALM and ``reason``."""
+    await client.read_until(lambda: client.terminated() is not None)
+    goaway = client.terminated()
+    assert goaway is not None
+    assert goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
+    assert goaway.additional_data == reason
+
+
 async def test_a_ping_flood_gets_goaway_enhance_your_calm_and_paced_pings_do_not() -> None:
     """PINGs paced at the permitted interval are answered; three too soon with nothing between
     them end the connection with GOAWAY ENHANCE_YOUR_CALM "too_many_pings" (grpc's rule)."""
@@ -195,11 +204,7 @@ async def test_a_ping_flood_gets_goaway_enhance_your_calm_and_paced_pings_do_not
         for i in range(100):
             client.h2.ping(b"flood%03d" % i)
         client.writer.write(client.h2.data_to_send())
-        await client.read_until(lambda: client.terminated() is not None)
-        goaway = client.terminated()
-        assert goaway is not None
-        assert goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
-        assert goaway.additional_data == b"too_many_pings"
+        await calmed(client, b"too_many_pings")
         acks = sum(isinstance(e, h2.events.PingAckReceived) for e in client.events)
         assert acks < 4 + 10  # not the whole flood
 
@@ -219,11 +224,7 @@ async def test_streams_reset_right_after_opening_end_the_connection() -> None:
             client.open_stream(stream_id, PROCESS, headers().SerializeToString(), end=False)
             client.h2.reset_stream(stream_id)
         client.writer.write(client.h2.data_to_send())
-        await client.read_until(lambda: client.terminated() is not None)
-        goaway = client.terminated()
-        assert goaway is not None
-        assert goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
-        assert goaway.additional_data == b"too_many_resets"
+        await calmed(client, b"too_many_resets")
         await until(lambda: not server.connections)
         # 30 reset of 60 opened (30 * 2 >= max(60, 20)): the other 70 never reached a session,
         # and every session opened was closed

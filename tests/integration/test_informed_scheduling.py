@@ -2,59 +2,39 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.support.extproc import body, error_of, headers, json_body, lb_metadata, make_settings
+from tests.support.extproc import (
+    FakeClock,
+    all_scraped_at,
+    body,
+    error_of,
+    fleet_settings,
+    headers,
+    json_body,
+    lb_metadata,
+    wait_for_metrics,
+)
 from tests.support.extproc import running_app as _running_app
 from tests.support.model_servers import FakeModelServer, fake_model_servers, vllm_metrics
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import model
 
 from endpoint_picker.app import App
 from endpoint_picker.settings import Settings
 
 
-class FakeClock:
-    """Monotonic time the test moves by hand: staleness never depends on machine load."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def settings_for(tmp_path: Path, servers: list[FakeModelServer]) -> Settings:
-    pods = [pod(f"p{i}", s.address) for i, s in enumerate(servers)]
-    text = pool_yaml(
-        pool(port=servers[0].port),
+def settings_for(
+    tmp_path: Path, servers: list[FakeModelServer], config: str | None = None
+) -> Settings:
+    return fleet_settings(
+        tmp_path,
+        servers,
         model("crit", criticality="Critical"),
         model("shed", criticality="Sheddable"),
         model("lora-a"),
-        *pods,
+        config=config,
     )
-    settings = make_settings(tmp_path, text)
-    return replace(
-        settings,
-        scrape=replace(settings.scrape, refresh_interval=0.02, staleness_threshold=2.0),
-    )
-
-
-async def wait_for_metrics(app: App, check: Callable[[App], bool], within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check(app):
-        assert asyncio.get_running_loop().time() < deadline, "metrics did not arrive in time"
-        await asyncio.sleep(0.02)
-
-
-def all_scraped_at(clock: FakeClock) -> Callable[[App], bool]:
-    def check(app: App) -> bool:
-        return all(s.metrics.updated_at == clock.now for s in app.datastore.endpoint_states())
-
-    return check
 
 
 async def pick(client, model_name: str = "crit") -> str:  # type: ignore[no-untyped-def]

@@ -6,8 +6,9 @@ An in-process EPP (default settings, two pods) serves one warm-up request, then 
 ``sys.setprofile``: every function entered in an ``endpoint_picker`` module during that request
 (headers, body, response headers, response body; the gRPC client's own code is not ours) counts
 its module once, and every call from one of our modules into another is listed as an edge, so
-that a call back up the layers shows. Background loops are slowed out of the way (pool-file
-reload hourly, no scraping).
+that a call back up the layers shows: ``calls_back_up`` lists every call whose callee (directly
+or through others) calls its caller again, as a plugin calling the module that calls it would.
+Background loops are slowed out of the way (pool-file reload hourly, no scraping).
 """
 
 from __future__ import annotations
@@ -74,6 +75,26 @@ async def crossing(stack: str) -> tuple[Counter[str], set[tuple[str, str]]]:
     return entered, edges
 
 
+def calls_back_up(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The calls ``caller -> callee`` where ``callee`` reaches ``caller`` again: a cycle."""
+    calls: dict[str, set[str]] = {}
+    for caller, callee in edges:
+        calls.setdefault(caller, set()).add(callee)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in calls.get(todo.pop(), ()):
+                if nxt == goal:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return False
+
+    return {(caller, callee) for caller, callee in edges if reaches(callee, caller)}
+
+
 def main() -> None:
     stack = sys.argv[1] if len(sys.argv) > 1 else "h2"
     entered, edges = asyncio.run(crossing(stack))
@@ -82,6 +103,10 @@ def main() -> None:
         print(f"  {calls:5d} calls  {name}")
     print("calls between modules:")
     for caller, callee in sorted(edges):
+        print(f"  {caller} -> {callee}")
+    back = calls_back_up(edges)
+    print(f"calls back up: {len(back) or 'none'}")
+    for caller, callee in sorted(back):
         print(f"  {caller} -> {callee}")
 
 

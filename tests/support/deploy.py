@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +42,11 @@ def kubectl_binary() -> str:
 def kustomize(path: Path) -> list[Obj]:
     """Every object `kubectl kustomize PATH` renders."""
     out = subprocess.run(
-        [kubectl_binary(), "kustomize", str(path)], capture_output=True, text=True, timeout=30, check=True
+        [kubectl_binary(), "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 from tests.support.pool import model, objective, pool
 from tests.unit.test_director import PODS, completion, make_director
 
 from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
-from endpoint_picker.director import OBJECTIVE_HEADER, Director
-from endpoint_picker.scheduling import build_scheduling
-from endpoint_picker.scheduling.lifecycle import Finished, Lifecycle, Routed
-from endpoint_picker.settings import SchedulingSettings
+from endpoint_picker.director import OBJECTIVE_HEADER
+from endpoint_picker.exchange import Lifecycle
+from endpoint_picker.scheduling.lifecycle import Finished, Routed
 from endpoint_picker.types import Criticality
 
 
@@ -67,18 +64,8 @@ class Recorder:
 
 def test_finished_reports_duration_and_output_tokens() -> None:
     """``finished`` passes the end-to-end seconds and output tokens on to the listeners."""
-    _, store = make_director(pool(), model("m"), *PODS)
-    parts = build_scheduling(
-        None, settings=SchedulingSettings(), staleness_threshold=2.0, clock=lambda: 0.0
-    )
     recorder = Recorder()
-    director = Director(
-        store,
-        parts.scheduler,
-        parts.saturation_detector,
-        rng=random.Random(1),
-        lifecycle=Lifecycle([recorder]),
-    )
-    director.finished("r1", True, 2.5, 120)
-    director.finished("r2", False, 0.1)
+    lifecycle = Lifecycle([recorder])
+    lifecycle.finished("r1", True, 2.5, 120)
+    lifecycle.finished("r2", False, 0.1)
     assert recorder.finished == [Finished("r1", True, 2.5, 120), Finished("r2", False, 0.1, None)]

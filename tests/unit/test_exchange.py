@@ -20,9 +20,10 @@ from endpoint_picker.datastore.health import FailureKind
 from endpoint_picker.datastore.sources.file import parse_pool_text
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import PathNotFoundError
+from endpoint_picker.exchange import Lifecycle, ResponseHead
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.scheduling import build_scheduling
-from endpoint_picker.scheduling.lifecycle import Finished, Lifecycle, Routed
+from endpoint_picker.scheduling.lifecycle import Finished, Routed
 from endpoint_picker.settings import SchedulingSettings
 
 SEAM = {
@@ -135,7 +136,7 @@ def test_the_response_side_marks_judges_tokens_and_finishes_once() -> None:
     decision = director.on_body(exchange, json_body({"model": "m", "prompt": "hi"}))
     assert isinstance(decision, RoutingDecision)
     exchange.decision = decision
-    token = director.on_response_headers(exchange, "", 503, True, "application/json")
+    token = director.on_response_headers(exchange, ResponseHead("", 503, "application/json", True))
     assert token is not None
     assert outliers.log == [("CONNECT", "127.0.0.2:8000")]
     assert "127.0.0.2:8000" in store.unreachable

@@ -12,6 +12,7 @@ from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.health import OutlierDetector, without_excluded
 from endpoint_picker.director import Director, RoutingDecision
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.flowcontrol import FlowController
 from endpoint_picker.scheduling import (
     SchedulingComponents,
@@ -94,7 +95,7 @@ def build_routing(
         record=decisions.record,
         inflight=inflight,
     )
-    lifecycle = components.lifecycle
+    lifecycle = Lifecycle.of(components.subscribers)
     outliers = None
     if settings.outliers.enabled:
         detector = outliers = OutlierDetector(settings.outliers, clock=clock, observer=metrics)

@@ -61,6 +61,16 @@ class _Fields:
             raise self.fail(path, "must be a non-empty string" if required else "must be a string")
         return value
 
+    def namespace(self, meta: Mapping[str, Any]) -> str:
+        """``metadata.namespace``, "default" when absent (as Kubernetes fills it in)."""
+        return self.string(meta.get("namespace"), "metadata.namespace", required=False) or "default"
+
+    def pool_ref(self, spec: Mapping[str, Any]) -> str:
+        """The name of the pool ``spec.poolRef`` points at."""
+        return self.string(
+            self.mapping(spec.get("poolRef"), "spec.poolRef").get("name"), "spec.poolRef.name"
+        )
+
     def port(self, value: Any, path: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
             raise self.fail(path, "must be a port number between 1 and 65535")
@@ -101,8 +111,7 @@ def _decode_pool(doc: Mapping[str, Any], api: str, f: _Fields) -> InferencePool:
         raise f.fail("spec.selector", "must select at least one label")
     return InferencePool(
         name=f.string(meta.get("name"), "metadata.name"),
-        namespace=f.string(meta.get("namespace"), "metadata.namespace", required=False)
-        or "default",
+        namespace=f.namespace(meta),
         api_version=api,
         selector=selector,
         target_ports=ports,
@@ -175,16 +184,14 @@ def _decode_model(doc: Mapping[str, Any], order: int, f: _Fields) -> InferenceMo
         targets.append(
             TargetModel(f.string(entry.get("name"), f"spec.targetModels[{i}].name"), weight)
         )
-    pool_ref = f.mapping(spec.get("poolRef"), "spec.poolRef")
     created = meta.get("creationTimestamp")
     return InferenceModel(
         name=f.string(meta.get("name"), "metadata.name"),
-        namespace=f.string(meta.get("namespace"), "metadata.namespace", required=False)
-        or "default",
+        namespace=f.namespace(meta),
         model_name=f.string(spec.get("modelName"), "spec.modelName"),
         criticality=criticality,
         target_models=tuple(targets),
-        pool_ref=f.string(pool_ref.get("name"), "spec.poolRef.name"),
+        pool_ref=f.pool_ref(spec),
         creation_timestamp=_timestamp(created, f),
         order=order,
         objective=objective,
@@ -200,13 +207,11 @@ def _decode_objective(doc: Mapping[str, Any], f: _Fields) -> InferenceObjective:
         priority = 1 if objective else 0
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise f.fail("spec.priority", "must be an integer (negative: sheddable)")
-    pool_ref = f.mapping(spec.get("poolRef"), "spec.poolRef")
     return InferenceObjective(
         name=f.string(meta.get("name"), "metadata.name"),
-        namespace=f.string(meta.get("namespace"), "metadata.namespace", required=False)
-        or "default",
+        namespace=f.namespace(meta),
         priority=priority,
-        pool_ref=f.string(pool_ref.get("name"), "spec.poolRef.name"),
+        pool_ref=f.pool_ref(spec),
         objective=objective,
     )
 
@@ -229,8 +234,7 @@ def _decode_pod(doc: Mapping[str, Any], f: _Fields) -> Pod:
     )
     return Pod(
         name=f.string(meta.get("name"), "metadata.name"),
-        namespace=f.string(meta.get("namespace"), "metadata.namespace", required=False)
-        or "default",
+        namespace=f.namespace(meta),
         labels=f.labels(meta.get("labels"), "metadata.labels"),
         pod_ip=pod_ip,
         ready=ready,

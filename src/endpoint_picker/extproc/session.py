@@ -22,7 +22,7 @@ import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from endpoint_picker.errors import ErrorCode
-from endpoint_picker.extproc import responses
+from endpoint_picker.extproc import messages
 from endpoint_picker.extproc.limits import BUDGET_FULL, StreamSlots
 from endpoint_picker.telemetry.metrics import EppMetrics
 
@@ -93,12 +93,12 @@ class ExternalProcessor:
         if self._metrics is not None:
             self._metrics.buffer_budget_rejections.inc()
             self._metrics.request_failed("", "", ErrorCode.RESOURCE_EXHAUSTED)
-        return responses.immediate_error(ErrorCode.RESOURCE_EXHAUSTED, BUDGET_FULL)
+        return messages.immediate_error(ErrorCode.RESOURCE_EXHAUSTED, BUDGET_FULL)
 
     @staticmethod
     def refusal() -> pb.ProcessingResponse:
         """The answer to the first message of a stream ``open_stream`` refused."""
-        return responses.immediate_error(ErrorCode.RESOURCE_EXHAUSTED, STREAMS_FULL)
+        return messages.immediate_error(ErrorCode.RESOURCE_EXHAUSTED, STREAMS_FULL)
 
     @staticmethod
     async def answer(session: Session, message: pb.ProcessingRequest) -> Responses:

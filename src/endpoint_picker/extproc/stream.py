@@ -27,8 +27,7 @@ from endpoint_picker.errors import (
     clip,
 )
 from endpoint_picker.exchange import SESSION_TOKEN_HEADER, Exchange, QueuedRoute, RoutingDecision
-from endpoint_picker.extproc import responses, wire
-from endpoint_picker.extproc.inbound import header_value, response_head, subset_hint
+from endpoint_picker.extproc import messages, wire
 from endpoint_picker.extproc.limits import BodyBudget
 from endpoint_picker.telemetry.metrics import MODEL_SERVER_ERROR, EppMetrics
 
@@ -121,7 +120,7 @@ class RequestStream:
                 return self._on_response_body(message)
             if kind == "response_trailers":
                 self._finish_response()
-                return [responses.CONTINUE_RESPONSE_TRAILERS]
+                return [messages.CONTINUE_RESPONSE_TRAILERS]
         except RequestError as exc:
             return self._reject(exc.code, exc.message, exc.model, exc.target_model)
         except Exception:
@@ -140,7 +139,7 @@ class RequestStream:
             self._metrics.request_failed(model, target_model, code)
         if self._on_reject is not None:
             self._on_reject(self._request_id, model, target_model, code, message)
-        return [responses.immediate_error(code, message)]
+        return [messages.immediate_error(code, message)]
 
     # -- request path ---------------------------------------------------------------------------
 
@@ -156,19 +155,19 @@ class RequestStream:
             if key == wire.CONTENT_LENGTH:
                 has_content_length = True
             if key == ":path":
-                path = header_value(header)
+                path = messages.header_value(header)
             elif key == wire.REQUEST_ID_HEADER:
-                client_id = _safe_request_id(header_value(header))
+                client_id = _safe_request_id(messages.header_value(header))
             elif (
                 key.startswith(wire.DESTINATION_HEADER_PREFIX) and key != wire.DESTINATION_ENDPOINT
             ):
                 # a client may never choose the upstream (the destination itself is overwritten)
                 self._spoofed.append(key)
             elif key in wanted:  # what the scheduler reads: session ids and tokens
-                collected[key] = header_value(header)[:_MAX_SCHEDULER_HEADER]
+                collected[key] = messages.header_value(header)[:_MAX_SCHEDULER_HEADER]
         self._received_at = self._clock()
         exchange = self._exchange = self._director.on_headers(
-            path, client_id, subset_hint(message), collected, headers.end_of_stream
+            path, client_id, messages.subset_hint(message), collected, headers.end_of_stream
         )
         self._request_id = client_id or exchange.id
         if client_id:
@@ -192,13 +191,13 @@ class RequestStream:
         if local is not None:  # the gateway's health, or the model list: never a pod's
             self.finished = True
             if local.models is not None:
-                body = responses.models_body(local.models, owner="endpoint-picker")
-                return [responses.immediate_json(200, body, "epp_models")]
+                body = messages.models_body(local.models, owner="endpoint-picker")
+                return [messages.immediate_json(200, body, "epp_models")]
             if local.ready:
-                return [responses.immediate_empty(200, "epp_health")]
+                return [messages.immediate_empty(200, "epp_health")]
             # a probe, not a rejected request: no error metric, no decision on the status page
             unready = "no ready endpoint in the pool"
-            return [responses.immediate_error(ErrorCode.SERVICE_UNAVAILABLE, unready)]
+            return [messages.immediate_error(ErrorCode.SERVICE_UNAVAILABLE, unready)]
         if headers.end_of_stream:
             decision = self._director.on_body(exchange, b"")
             assert isinstance(decision, RoutingDecision)  # headers only: never queued
@@ -207,7 +206,7 @@ class RequestStream:
         if self._request_mode == FULL_DUPLEX:
             return []
         if self._request_mode == BUFFERED:
-            return [responses.CONTINUE_REQUEST_HEADERS]
+            return [messages.CONTINUE_REQUEST_HEADERS]
         mode = _MODE_NAMES.get(self._request_mode, str(self._request_mode))
         raise InternalError(
             f"request body mode {mode} is not supported: configure FULL_DUPLEX_STREAMED or BUFFERED"
@@ -216,7 +215,7 @@ class RequestStream:
     def _on_request_body(self, message: pb.ProcessingRequest) -> Responses:
         body = message.request_body
         if self._decision is not None:  # chunks after routing (e.g. before trailers): pass on
-            return [responses.streamed_request_body(body.body, body.end_of_stream)]
+            return [messages.streamed_request_body(body.body, body.end_of_stream)]
         size = len(body.body)
         if len(self._body) + size > self._max_body_bytes:
             self._drop_body()
@@ -241,8 +240,8 @@ class RequestStream:
     def _on_request_trailers(self) -> Responses:
         if self._decision is None and self._request_mode == FULL_DUPLEX:
             # HTTP/2 trailers end the body: route now, then answer the trailers.
-            return [*self._route_body(end_of_stream=False), responses.CONTINUE_REQUEST_TRAILERS]
-        return [responses.CONTINUE_REQUEST_TRAILERS]
+            return [*self._route_body(end_of_stream=False), messages.CONTINUE_REQUEST_TRAILERS]
+        return [messages.CONTINUE_REQUEST_TRAILERS]
 
     def _drop_body(self) -> None:
         """Forget the buffered body and give its bytes back to the shared budget."""
@@ -292,21 +291,21 @@ class RequestStream:
         if self._request_mode == BUFFERED:
             new_body = decision.body if decision.body is not raw else None
             return [
-                responses.routed_buffered_body(
+                messages.routed_buffered_body(
                     decision.destination, len(decision.body), self._spoofed, new_body
                 )
             ]
         out = [self._headers_response(decision, content_length=len(decision.body))]
         out.extend(
-            responses.streamed_request_body(chunk, eos)
-            for chunk, eos in responses.streamed_chunks(decision.body, end_of_stream)
+            messages.streamed_request_body(chunk, eos)
+            for chunk, eos in messages.streamed_chunks(decision.body, end_of_stream)
         )
         return out
 
     def _headers_response(
         self, decision: RoutingDecision, content_length: int | None
     ) -> pb.ProcessingResponse:
-        return responses.routed_request_headers(decision.destination, content_length, self._spoofed)
+        return messages.routed_request_headers(decision.destination, content_length, self._spoofed)
 
     def _routed(self, decision: RoutingDecision) -> None:
         self._decision = decision
@@ -328,21 +327,19 @@ class RequestStream:
     # -- response path --------------------------------------------------------------------------
 
     def _on_response_headers(self, message: pb.ProcessingRequest) -> Responses:
-        served, status, content_type, upstream_failure = response_head(message)
+        head = messages.response_head(message)
         exchange = self._exchange
         token = None
         if exchange is not None:
-            token = self._director.on_response_headers(
-                exchange, served, status, upstream_failure, content_type
-            )
-        if status >= 400 and self._decision is not None and self._metrics is not None:
+            token = self._director.on_response_headers(exchange, head)
+        if head.status >= 400 and self._decision is not None and self._metrics is not None:
             request = self._decision.request
             self._metrics.request_failed(request.model, request.target_model, MODEL_SERVER_ERROR)
         if message.response_headers.end_of_stream:
             self._finish_response()
         if token is not None:
-            return [responses.response_headers_with(SESSION_TOKEN_HEADER, token)]
-        return [responses.CONTINUE_RESPONSE_HEADERS]
+            return [messages.response_headers_with(SESSION_TOKEN_HEADER, token)]
+        return [messages.CONTINUE_RESPONSE_HEADERS]
 
     def _on_response_body(self, message: pb.ProcessingRequest) -> Responses:
         body = message.response_body
@@ -351,10 +348,10 @@ class RequestStream:
         if body.end_of_stream:
             self._finish_response()
         if self._response_mode != FULL_DUPLEX:
-            return [responses.CONTINUE_RESPONSE_BODY]
+            return [messages.CONTINUE_RESPONSE_BODY]
         return [
-            responses.streamed_response_body(chunk, eos)
-            for chunk, eos in responses.streamed_chunks(body.body, body.end_of_stream)
+            messages.streamed_response_body(chunk, eos)
+            for chunk, eos in messages.streamed_chunks(body.body, body.end_of_stream)
         ]
 
     def _finish_response(self) -> None:

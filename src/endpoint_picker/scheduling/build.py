@@ -43,10 +43,10 @@ from endpoint_picker.scheduling.framework import (
 )
 from endpoint_picker.scheduling.lifecycle import (
     InFlight,
-    Lifecycle,
     LifecycleListener,
     PoolListener,
     StartListener,
+    Subscribers,
 )
 from endpoint_picker.scheduling.plugins import SingleProfileHandler, register_builtins
 from endpoint_picker.scheduling.plugins.precise import SHARED_KEY as KV_EVENTS
@@ -70,12 +70,13 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SchedulingComponents:
-    """What the director needs: the scheduler, the saturation detector, and the lifecycle
-    events the plugins that learn from traffic (and the in-flight counter) subscribe to."""
+    """What the director needs: the scheduler, the saturation detector, and the subscribers
+    of the lifecycle events (the plugins that learn from traffic, the in-flight counter),
+    which the director's ``exchange.Lifecycle`` sends them."""
 
     scheduler: Scheduler
     saturation_detector: SaturationDetector
-    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    subscribers: Subscribers = field(default_factory=Subscribers)
     inflight: InFlight = field(default_factory=InFlight)
     # request headers some plugin reads (session ids), and whether responses carry a session
     # token: the ext_proc stream collects and sets these
@@ -272,15 +273,15 @@ def _build(
     scheduler = Scheduler(profiles, handler, observer=observer, record=record)
     plugins = [entry.ref.plugin for entry in built.values()]
     plugins += context.shared.values()  # shared state listens once, however many plugins use it
-    lifecycle = Lifecycle(
-        [context.inflight, *(p for p in plugins if isinstance(p, LifecycleListener))],
-        [context.inflight, *(p for p in plugins if isinstance(p, PoolListener))],
-        [context.inflight, *(p for p in plugins if isinstance(p, StartListener))],
+    subscribers = Subscribers(
+        (context.inflight, *(p for p in plugins if isinstance(p, LifecycleListener))),
+        (context.inflight, *(p for p in plugins if isinstance(p, PoolListener))),
+        (context.inflight, *(p for p in plugins if isinstance(p, StartListener))),
     )
     components = SchedulingComponents(
         scheduler,
         detector,
-        lifecycle,
+        subscribers,
         context.inflight,
         request_headers=frozenset(
             h for p in plugins for h in getattr(p, "request_headers", frozenset())

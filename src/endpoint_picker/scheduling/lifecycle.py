@@ -7,7 +7,8 @@ comes first (exactly once per routed request: a stream that dies mid-response st
 with how long it took end to end and how many tokens it generated (the latency objective's
 inputs).
 Plugins that remember (the prefix index, session mappings) and the in-flight counter subscribe
-to these events; the same events could arrive from another worker or replica.
+to these events (``Subscribers``; the director's ``exchange.Lifecycle`` sends them); the same
+events could arrive from another worker or replica.
 
 Events are small and carry no prompt: ``Routed`` holds the request object, from which a
 subscriber computes what it needs (the prefix plugin keeps the hashes it computed while
@@ -22,15 +23,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
-import structlog
-
 from endpoint_picker.requests import LLMRequest
-
-log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,53 +82,17 @@ class PoolListener(Protocol):
     def on_endpoints(self, hostports: frozenset[str]) -> None: ...
 
 
-_L = TypeVar("_L", LifecycleListener, PoolListener, StartListener)
+@dataclass(frozen=True, slots=True)
+class Subscribers:
+    """Who hears the events: the in-flight counter and the plugins that learn from traffic,
+    collected by the scheduling build. The director's side sends the events to them
+    (``exchange.Lifecycle``), where it sees them happen: nothing in this module calls a
+    subscriber, so the plugins' own calls into it (``remember``, the in-flight counts) never
+    meet a call coming back down from it."""
 
-
-class Lifecycle:
-    """Fans events out to the listeners; a failing listener is logged, never fatal."""
-
-    __slots__ = ("_listeners", "_pool_listeners", "_start_listeners")
-
-    def __init__(
-        self,
-        listeners: Sequence[LifecycleListener] = (),
-        pool_listeners: Sequence[PoolListener] = (),
-        start_listeners: Sequence[StartListener] = (),
-    ) -> None:
-        self._listeners = tuple(listeners)
-        self._pool_listeners = tuple(pool_listeners)
-        self._start_listeners = tuple(start_listeners)
-
-    def routed(self, request: LLMRequest, endpoint: str) -> None:
-        event = Routed(request, endpoint)
-        _each(self._listeners, lambda listener: listener.on_routed(event))
-
-    def started(self, request_id: str) -> None:
-        _each(self._start_listeners, lambda listener: listener.on_started(request_id))
-
-    def finished(
-        self,
-        request_id: str,
-        ok: bool,
-        seconds: float | None = None,
-        output_tokens: int | None = None,
-    ) -> None:
-        event = Finished(request_id, ok, seconds, output_tokens)
-        _each(self._listeners, lambda listener: listener.on_finished(event))
-
-    def endpoints_changed(self, hostports: Iterable[str]) -> None:
-        live = frozenset(hostports)
-        _each(self._pool_listeners, lambda listener: listener.on_endpoints(live))
-
-
-def _each(listeners: Sequence[_L], call: Callable[[_L], None]) -> None:
-    """``call`` every listener; one that raises is logged and the others still run."""
-    for listener in listeners:
-        try:
-            call(listener)
-        except Exception:
-            log.exception("lifecycle listener failed", listener=type(listener).__name__)
+    lifecycle: tuple[LifecycleListener, ...] = ()
+    pool: tuple[PoolListener, ...] = ()
+    start: tuple[StartListener, ...] = ()
 
 
 class InFlight:

@@ -23,14 +23,13 @@ from prometheus_client import (
 from endpoint_picker.errors import ErrorCode
 from endpoint_picker.telemetry.collectors import (
     CallbackCounter,
-    Children,
     EjectedCollector,
     PoolCollector,
     PredictorCollector,
 )
 from endpoint_picker.telemetry.collectors import PoolStats as PoolStats
-from endpoint_picker.telemetry.families import HISTOGRAMS
-from endpoint_picker.telemetry.histogram import LoopHistogram
+from endpoint_picker.telemetry.families import COUNTERS_AND_GAUGES, HISTOGRAMS
+from endpoint_picker.telemetry.histogram import Children, LoopHistogram
 
 # Our error kinds as the reference EPP labels `error_code` (dashboards filter on these).
 _REFERENCE_ERROR_CODES = {
@@ -73,6 +72,35 @@ class EppMetrics:
     prometheus_client's, with their label children cached.
     """
 
+    # set from the tables in families.py
+    request_total: Counter
+    request_error_total: Counter
+    running_requests: Gauge
+    invalid_usage_total: Counter
+    flow_queue_size: Gauge
+    flow_queue_bytes: Gauge
+    prefix_indexer_size: Gauge
+    pool_reload_total: Counter
+    pool_source_healthy: Gauge
+    buffered_request_bytes: Gauge
+    ext_proc_streams: Gauge
+    buffer_budget_rejections: Counter
+    stream_limit_rejections: Counter
+    scrape_interval: Gauge
+    scrape_cpu_share: Gauge
+    event_loop_tasks: Gauge
+    endpoint_failures: Counter
+    endpoint_ejections: Counter
+    request_duration: LoopHistogram
+    request_sizes: LoopHistogram
+    response_sizes: LoopHistogram
+    input_tokens: LoopHistogram
+    output_tokens: LoopHistogram
+    scheduler_e2e: LoopHistogram
+    plugin_durations: LoopHistogram
+    prefix_hit_ratio: LoopHistogram
+    flow_queue_duration: LoopHistogram
+
     def __init__(
         self,
         pool_stats: Callable[[], PoolStats | None] | None = None,
@@ -86,63 +114,12 @@ class EppMetrics:
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         self._is_configured = is_configured_model or _nothing_configured
-        model_labels = ["model_name", "target_model_name"]
-        self.request_total = Counter(
-            "inference_model_request",
-            "Counter of inference model requests broken out for each model and target model.",
-            model_labels,
-            registry=r,
-        )
-        self.request_error_total = Counter(
-            "inference_model_request_error",
-            "Counter of inference model requests errors broken out for each model and target "
-            "model.",
-            [*model_labels, "error_code"],
-            registry=r,
-        )
-        self.running_requests = Gauge(
-            "inference_model_running_requests",
-            "Inference model number of running requests in each model.",
-            ["model_name"],
-            registry=r,
-        )
-        self.invalid_usage_total = Counter(
-            "inference_extension_model_server_invalid_usage",
-            "Responses whose token usage was not a plausible count (negative, fractional, "
-            "absurdly large or not a number) and was left out of the token histograms.",
-            model_labels,
-            registry=r,
-        )
+        for attribute, kind, name, doc, labels in COUNTERS_AND_GAUGES:
+            setattr(self, attribute, kind(name, doc, labels, registry=r))
         for attribute, name, doc, labels, buckets in HISTOGRAMS:
             histogram = LoopHistogram(name, doc, labels, buckets)
             r.register(histogram)
             setattr(self, attribute, histogram)
-        self.request_duration: LoopHistogram
-        self.request_sizes: LoopHistogram
-        self.response_sizes: LoopHistogram
-        self.input_tokens: LoopHistogram
-        self.output_tokens: LoopHistogram
-        self.scheduler_e2e: LoopHistogram
-        self.plugin_durations: LoopHistogram
-        self.prefix_hit_ratio: LoopHistogram
-        self.flow_queue_duration: LoopHistogram
-        self.flow_queue_size = Gauge(
-            "inference_extension_flow_control_queue_size",
-            "Requests waiting in the flow-control queue, by priority band.",
-            ["priority"],
-            registry=r,
-        )
-        self.flow_queue_bytes = Gauge(
-            "inference_extension_flow_control_queue_bytes",
-            "Request body bytes waiting in the flow-control queue, by priority band.",
-            ["priority"],
-            registry=r,
-        )
-        self.prefix_indexer_size = Gauge(
-            "inference_extension_prefix_indexer_size",
-            "Size of the prefix indexer: block hashes held over every endpoint.",
-            registry=r,
-        )
         self._model_labels: set[str] = set()  # names labelled as themselves so far
         self._minted = 0  # of which not configured by the pool (at most MAX_MODEL_LABELS)
         self._request_total = Children(self.request_total)
@@ -153,85 +130,15 @@ class EppMetrics:
             r.register(PoolCollector(pool_stats))
         self._predictor = PredictorCollector()
         r.register(self._predictor)
-        # The pool source (datastore/sources/file.py) reports each settled change it handles.
-        self.pool_reload_total = Counter(
-            "inference_extension_pool_reload",
-            "Settled changes of the pool source by outcome: applied, rejected_empty (would have "
-            "removed every pod) or invalid (missing, unreadable or not a valid pool).",
-            ["result"],
-            registry=r,
-        )
         for result in POOL_RELOAD_RESULTS:  # every outcome exported from the start, at 0
             self.pool_reload_total.labels(result)
-        self.pool_source_healthy = Gauge(
-            "inference_extension_pool_source_healthy",
-            "1 while the pool source's current content is the pool in force; 0 while it is "
-            "refused and the last good pool is kept.",
-            registry=r,
-        )
-        # The ext_proc server's process-wide limits (extproc/limits.py); the gauges are read
-        # at scrape time through ``track_limits``, so the hot path never touches them.
-        self.buffered_request_bytes = Gauge(
-            "inference_extension_buffered_request_bytes",
-            "Bytes of request bodies held before routing, all ext_proc streams together.",
-            registry=r,
-        )
-        self.ext_proc_streams = Gauge(
-            "inference_extension_ext_proc_streams", "Open ext_proc streams.", registry=r
-        )
-        self.buffer_budget_rejections = Counter(
-            "inference_extension_buffer_budget_rejections",
-            "Requests answered 429 because the buffered request bodies were at their budget.",
-            registry=r,
-        )
-        self.stream_limit_rejections = Counter(
-            "inference_extension_stream_limit_rejections",
-            "ext_proc streams answered 429 because the concurrent-stream limit was reached.",
-            registry=r,
-        )
-        # Scraping the model servers (metrics/scraper.py), read at scrape time through
-        # ``track_scraping``: with hundreds of endpoints the CPU budget stretches the interval.
-        self.scrape_interval = Gauge(
-            "inference_extension_metrics_refresh_interval_seconds",
-            "Seconds between two scrapes of one model server now: the configured refresh "
-            "interval, or longer when scraping every endpoint at it would exceed the CPU budget.",
-            registry=r,
-        )
-        self.scrape_cpu_share = Gauge(
-            "inference_extension_metrics_scrape_cpu_share",
-            "Estimated fraction of one core that scraping the model servers uses.",
-            registry=r,
-        )
         self._scrapes_deferred = CallbackCounter(
             "inference_extension_metrics_scrape_steps_deferred",
             "Scrape steps (a send or a parse) that waited for a later event-loop turn because "
             "scrapes that came due together had used this turn's share.",
         )
         r.register(self._scrapes_deferred)
-        # Read when /metrics is rendered, which the metrics server does on the event loop; a
-        # count that climbs under steady load is a leak (epp bench soak watches it).
-        self.event_loop_tasks = Gauge(
-            "inference_extension_event_loop_tasks",
-            "asyncio tasks not yet done in the EPP's event loop (0 when rendered off the loop).",
-            registry=r,
-        )
         self.event_loop_tasks.set_function(_event_loop_tasks)
-        # Outlier detection (datastore/health.py): labelled by the pool's endpoints, whose
-        # series are removed when they leave the pool.
-        self.endpoint_failures = Counter(
-            "inference_extension_endpoint_failures",
-            "Routed requests that failed on an endpoint, by kind: 5xx (a 5xx response, Envoy's "
-            "503 for a reset included), connect (Envoy could not connect) or retried (Envoy "
-            "retried past it to a fallback endpoint).",
-            ["endpoint", "kind"],
-            registry=r,
-        )
-        self.endpoint_ejections = Counter(
-            "inference_extension_endpoint_ejections",
-            "Times outlier detection ejected the endpoint.",
-            ["endpoint"],
-            registry=r,
-        )
         self._failure_labels: set[tuple[str, str]] = set()
         self._ejected = EjectedCollector()
         r.register(self._ejected)
@@ -250,8 +157,8 @@ class EppMetrics:
             ["kind"],
             registry=r,
         )
-        for kind in ("decode", "unknown_event", "unknown_topic", "replay"):
-            self.kv_events_errors_total.labels(kind)
+        for refused in ("decode", "unknown_event", "unknown_topic", "replay"):
+            self.kv_events_errors_total.labels(refused)
         self.kv_events_gaps_total = Counter(
             "inference_extension_kv_events_gaps",
             "Gaps in a publisher's sequence numbers, by outcome: replayed (the replay socket "

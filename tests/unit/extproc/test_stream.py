@@ -16,9 +16,10 @@ from tests.support.pool import model, pod, pool, pool_yaml
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
 from endpoint_picker.director import Director
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.extproc.stream import RequestStream, _safe_request_id
 from endpoint_picker.scheduling import build_scheduling
-from endpoint_picker.scheduling.lifecycle import Finished, Lifecycle, Routed
+from endpoint_picker.scheduling.lifecycle import Finished, Routed
 from endpoint_picker.settings import SchedulingSettings
 
 

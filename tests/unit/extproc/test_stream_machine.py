@@ -21,6 +21,7 @@ from tests.support.pool import model, pod, pool, pool_yaml
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
 from endpoint_picker.director import Director
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.extproc.limits import BodyBudget
 from endpoint_picker.extproc.stream import RequestStream
 from endpoint_picker.scheduling import build_scheduling
@@ -39,7 +40,7 @@ def director(*, session_tokens: bool = False) -> Director:
         store,
         parts.scheduler,
         parts.saturation_detector,
-        lifecycle=parts.lifecycle,
+        lifecycle=Lifecycle.of(parts.subscribers),
         session_tokens=session_tokens,
     )
 

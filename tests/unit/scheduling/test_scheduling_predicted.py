@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 from tests.unit.scheduling.builders import HEADER, build, clock, endpoint
 
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.requests import Api, LLMRequest
 from endpoint_picker.scheduling.adapters import AdapterFlights
-from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED, InFlight, Lifecycle
+from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED, InFlight
 from endpoint_picker.scheduling.plugins import PredictedLatencyDetector, PredictedLatencyScorer
 from endpoint_picker.scheduling.prediction import (
     MAX_PRIORITIES,
@@ -195,7 +196,7 @@ def test_the_plugins_share_one_predictor_subscribed_once() -> None:
     e = endpoint()
     request = completion()
     scheduler.schedule(request, [e])
-    components.lifecycle.routed(request, e.hostport)
+    Lifecycle.of(components.subscribers).routed(request, e.hostport)
     assert detector_source.predictor.ahead(e.hostport)[1] == 1  # counted once, not twice
     assert {"x-slo-ttft-ms", "x-slo-tpot-ms"} <= components.request_headers
 
@@ -356,13 +357,14 @@ def test_the_detector_alone_learns_from_the_requests_it_admits() -> None:
     components = build(HEADER + FLOW_CONTROL + "plugins:\n- type: queue-scorer\n")
     predictor = components.latency_predictor
     assert predictor is not None
+    lifecycle = Lifecycle.of(components.subscribers)
     e = endpoint()
     for _ in range(3):
         request = completion({"x-slo-ttft-ms": "250"})
         components.saturation_detector.with_room([e])
-        components.lifecycle.routed(request, e.hostport)
-        components.lifecycle.started(request.request_id)
-        components.lifecycle.finished(request.request_id, True)
+        lifecycle.routed(request, e.hostport)
+        lifecycle.started(request.request_id)
+        lifecycle.finished(request.request_id, True)
     assert predictor.model(e.hostport).ttft.samples == 3
     source = components.saturation_detector._source  # type: ignore[attr-defined]
     assert source.objectives(0, clock())[0] == pytest.approx(0.25)

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from tests.unit.scheduling.builders import endpoint
 
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.requests import Api, LLMRequest
-from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Lifecycle, Routed
+from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed
 from endpoint_picker.scheduling.plugins.affinity import (
     BoundedLoadFilter,
     InFlightLoadScorer,

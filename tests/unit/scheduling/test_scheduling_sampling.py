@@ -12,11 +12,12 @@ from tests.unit.scheduling.builders import HEADER, build, endpoint
 from tests.unit.scheduling.test_scheduling_prefix import completion, with_headers
 
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling import load_config
 from endpoint_picker.scheduling.placement import PlacementRing, stable_hash
 from endpoint_picker.scheduling.plugins.affinity import PrefixCacheScorer
-from endpoint_picker.scheduling.plugins.sampling import CandidateSampler
+from endpoint_picker.scheduling.plugins.filters import CandidateSampler
 from endpoint_picker.scheduling.prefix import PrefixIndex
 from endpoint_picker.types import EndpointState
 
@@ -157,7 +158,7 @@ def _route(components: object, request: LLMRequest, pool: Sequence[EndpointState
     assert isinstance(components, SchedulingComponents)
     result = components.scheduler.schedule(request, pool)
     chosen = result.endpoints[0].hostport
-    components.lifecycle.routed(request, chosen)
+    Lifecycle.of(components.subscribers).routed(request, chosen)
     return chosen
 
 
@@ -167,7 +168,7 @@ def test_default_profile_keeps_a_prefix_on_its_holder_in_a_large_pool() -> None:
     components = build(seed=5)
     pool = _large_pool(1000)
     hostports = frozenset(e.hostport for e in pool)
-    components.lifecycle.endpoints_changed(hostports)
+    Lifecycle.of(components.subscribers).endpoints_changed(hostports)
     prompt = "You are a careful assistant. " * 40
     ring = PlacementRing()
     ring.update(hostports)
@@ -179,7 +180,7 @@ def test_default_profile_keeps_a_prefix_on_its_holder_in_a_large_pool() -> None:
         assert _route(components, completion(prompt + f"q{i}", rid=f"r{i}"), pool) == (
             holder.hostport
         )
-        components.lifecycle.finished(f"r{i}", True)
+        Lifecycle.of(components.subscribers).finished(f"r{i}", True)
 
 
 def test_replicas_agree_on_new_keys_among_a_part_of_the_pool() -> None:
@@ -188,7 +189,7 @@ def test_replicas_agree_on_new_keys_among_a_part_of_the_pool() -> None:
     one, two = build(seed=11), build(seed=12)
     pool = _large_pool(1000)
     for components in (one, two):
-        components.lifecycle.endpoints_changed(e.hostport for e in pool)
+        Lifecycle.of(components.subscribers).endpoints_changed(e.hostport for e in pool)
     part = pool[300:500]
     for i in range(40):
         request = completion(f"another system prompt {i} " * 30, rid=f"q{i}")
@@ -218,7 +219,7 @@ def test_two_replicas_place_new_prefixes_and_sessions_alike_in_a_large_pool() ->
     pool = _large_pool(600)
     reordered = pool[::-1]
     for components in (one, two):
-        components.lifecycle.endpoints_changed(e.hostport for e in pool)
+        Lifecycle.of(components.subscribers).endpoints_changed(e.hostport for e in pool)
     spread = set()
     for i in range(40):
         request = completion(f"new system prompt {i} " * 30, rid=f"p{i}")
@@ -240,13 +241,13 @@ def test_an_adapter_goes_back_where_it_was_sent_in_a_large_pool() -> None:
         else endpoint(f"plain-{i}", max_lora=2, active=["a", "b"], base=["base"])
         for i in range(500)
     ]
-    components.lifecycle.endpoints_changed(e.hostport for e in pool)
+    Lifecycle.of(components.subscribers).endpoints_changed(e.hostport for e in pool)
     holders = {e.hostport for e in pool if "sql-lora" in e.metrics.active_adapters}
     landed = []
     for i in range(40):
         request = completion(f"question {i}", model="sql-lora", rid=f"l{i}")
         landed.append(_route(components, request, pool))
-        components.lifecycle.finished(f"l{i}", True)
+        Lifecycle.of(components.subscribers).finished(f"l{i}", True)
     assert sum(h in holders for h in landed[5:]) == len(landed) - 5
 
 
@@ -255,7 +256,7 @@ def test_unique_prompts_spread_over_a_large_pool() -> None:
     leave no endpoint far above the mean of 3."""
     components = build(seed=3)
     pool = _large_pool(1000)
-    components.lifecycle.endpoints_changed(e.hostport for e in pool)
+    Lifecycle.of(components.subscribers).endpoints_changed(e.hostport for e in pool)
     counts = Counter(
         _route(components, completion(f"unique prompt {i} " * 20, rid=f"u{i}"), pool)
         for i in range(3000)

@@ -10,10 +10,11 @@ import pytest
 from tests.unit.scheduling.builders import HEADER, build, clock, endpoint, request
 
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.exchange import Lifecycle
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling import describe, load_config
 from endpoint_picker.scheduling.latency import LatencyTracker
-from endpoint_picker.scheduling.lifecycle import Lifecycle, LifecycleListener, Routed
+from endpoint_picker.scheduling.lifecycle import LifecycleListener, Routed
 from endpoint_picker.scheduling.plugins import SloAwareScorer, SloSaturationDetector
 from endpoint_picker.scheduling.saturation import UtilizationDetector
 from endpoint_picker.types import EndpointState
@@ -89,7 +90,7 @@ def test_objective_traffic_is_routed_by_headroom_in_a_profile() -> None:
         "- type: max-score-picker\n"
     )
     fast, slow = endpoint("fast"), endpoint("slow")
-    lifecycle = parts.lifecycle
+    lifecycle = Lifecycle.of(parts.subscribers)
     for e, per_token in ((fast, 0.04), (slow, 0.2)):  # fast meets the objective, barely
         for _ in range(3):
             req = critical()

@@ -7,11 +7,11 @@ from endpoint_picker.scheduling.plugins.affinity import (
     InFlightLoadScorer,
     PrefixCacheScorer,
 )
-from endpoint_picker.scheduling.plugins.filters import StaleMetricsFilter
-from endpoint_picker.scheduling.plugins.handlers import SingleProfileHandler
+from endpoint_picker.scheduling.plugins.filters import CandidateSampler, StaleMetricsFilter
 from endpoint_picker.scheduling.plugins.pickers import (
     MaxScorePicker,
     RandomPicker,
+    SingleProfileHandler,
     WeightedRandomPicker,
 )
 from endpoint_picker.scheduling.plugins.precise import PrecisePrefixCacheScorer
@@ -19,7 +19,6 @@ from endpoint_picker.scheduling.plugins.predicted import (
     PredictedLatencyDetector,
     PredictedLatencyScorer,
 )
-from endpoint_picker.scheduling.plugins.sampling import CandidateSampler
 from endpoint_picker.scheduling.plugins.scorers import (
     KVCacheUtilizationScorer,
     LoraAffinityScorer,

@@ -1,4 +1,6 @@
-"""Built-in pickers: each returns up to N distinct endpoints, best (or first drawn) first.
+"""Built-in pickers, and the profile handler that picks among the profiles' results.
+
+Each picker returns up to N distinct endpoints, best (or first drawn) first.
 
 N is ``maxNumOfEndpoints`` when given, else 1 + ``SchedulingSettings.max_fallback_endpoints``:
 the primary endpoint and the fallbacks the proxy may retry on.
@@ -8,19 +10,16 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Self
 
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.registry import Params, PluginContext
 from endpoint_picker.types import EndpointState
 
 
-def _max_endpoints(params: Params, ctx: PluginContext) -> int:
-    return params.integer("maxNumOfEndpoints", ctx.max_endpoints, minimum=1)
-
-
-class RandomPicker:
-    """Ignores scores: N endpoints uniformly at random."""
+class _Picker:
+    """What every built-in picker holds: N and the random source it draws or breaks ties with."""
 
     __slots__ = ("_k", "_rng")
 
@@ -29,8 +28,14 @@ class RandomPicker:
         self._rng = rng
 
     @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> RandomPicker:
-        return cls(_max_endpoints(params, ctx), ctx.rng)
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> Self:
+        return cls(params.integer("maxNumOfEndpoints", ctx.max_endpoints, minimum=1), ctx.rng)
+
+
+class RandomPicker(_Picker):
+    """Ignores scores: N endpoints uniformly at random."""
+
+    __slots__ = ()
 
     def pick(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], scores: Sequence[float]
@@ -38,22 +43,14 @@ class RandomPicker:
         return self._rng.sample(endpoints, min(self._k, len(endpoints)))
 
 
-class MaxScorePicker:
+class MaxScorePicker(_Picker):
     """The N highest scores, best first; equal scores are ordered at random.
 
     Random tie-breaking matters: with equal metrics (an idle pool, or between scrapes) a fixed
     order would send every request to the same endpoint.
     """
 
-    __slots__ = ("_k", "_rng")
-
-    def __init__(self, max_endpoints: int, rng: random.Random) -> None:
-        self._k = max_endpoints
-        self._rng = rng
-
-    @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> MaxScorePicker:
-        return cls(_max_endpoints(params, ctx), ctx.rng)
+    __slots__ = ()
 
     def pick(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], scores: Sequence[float]
@@ -69,22 +66,14 @@ class MaxScorePicker:
         return tuple(endpoints[i] for _, _, i in heapq.nlargest(self._k, keyed))
 
 
-class WeightedRandomPicker:
+class WeightedRandomPicker(_Picker):
     """Draws N endpoints without replacement, each with probability proportional to its score.
 
     Spreads load more than max-score while still favouring good endpoints; when every
     remaining score is zero the draw is uniform.
     """
 
-    __slots__ = ("_k", "_rng")
-
-    def __init__(self, max_endpoints: int, rng: random.Random) -> None:
-        self._k = max_endpoints
-        self._rng = rng
-
-    @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> WeightedRandomPicker:
-        return cls(_max_endpoints(params, ctx), ctx.rng)
+    __slots__ = ()
 
     def pick(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], scores: Sequence[float]
@@ -110,3 +99,27 @@ class WeightedRandomPicker:
                 pos = int(rand() * len(remaining))
             picked.append(endpoints[remaining.pop(pos)])
         return picked
+
+
+# -- profile handlers: which profiles run for a request, and whose result answers it ------------
+
+
+class SingleProfileHandler:
+    """Runs the only profile once; its result is the answer (the build checks there is one)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> SingleProfileHandler:
+        return cls()
+
+    def pick_profiles(
+        self,
+        request: LLMRequest,
+        profiles: Sequence[str],
+        results: Mapping[str, Sequence[EndpointState]],
+    ) -> Sequence[str]:
+        return () if results else profiles[:1]
+
+    def primary(self, request: LLMRequest, results: Mapping[str, Sequence[EndpointState]]) -> str:
+        return next(iter(results))

@@ -1,7 +1,10 @@
-"""Builders of ext_proc ``ProcessingResponse`` messages.
+"""Envoy's ext_proc messages as the stream reads and writes them: what it reads of a
+``ProcessingRequest`` (header values, metadata strings, the subset hint, the facts of a
+response's headers) and the builders of the ``ProcessingResponse`` it answers with.
 
-Built by setting fields on an empty message rather than with nested constructors: with the
-upb backend that is several times faster, and these run a few times per request.
+Responses are built by setting fields on an empty message rather than with nested
+constructors: with the upb backend that is several times faster, and these run a few times
+per request.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
 from endpoint_picker.errors import ErrorCode
+from endpoint_picker.exchange import ResponseHead
 from endpoint_picker.extproc import wire
+from endpoint_picker.types import ascii_int
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _METADATA_CACHE_LIMIT = 4096  # destinations are few (pool endpoints x fallbacks)
@@ -166,3 +171,57 @@ def immediate_error(code: ErrorCode, message: str) -> pb.ProcessingResponse:
     immediate.body = error_body(code, message)
     immediate.details = f"epp_{code.type_name}"
     return response
+
+
+# -- what the stream reads ------------------------------------------------------------------
+
+
+def header_value(header: object) -> str:
+    raw = getattr(header, "raw_value", b"")
+    return raw.decode("utf-8", "replace") if raw else str(getattr(header, "value", ""))
+
+
+def metadata_string(request: pb.ProcessingRequest, namespace: str, key: str) -> str | None:
+    meta = request.metadata_context.filter_metadata
+    if namespace not in meta:
+        return None
+    value = meta[namespace].fields.get(key)
+    if value is None or value.WhichOneof("kind") != "string_value":
+        return None
+    return str(value.string_value)
+
+
+def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
+    """The subset hint as a list of entries, or None when Envoy sent none."""
+    meta = request.metadata_context.filter_metadata
+    if wire.SUBSET_HINT_NAMESPACE not in meta:
+        return None
+    value = meta[wire.SUBSET_HINT_NAMESPACE].fields.get(wire.SUBSET_HINT_KEY)
+    if value is None:
+        return None
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        # a non-string entry stays in the list as an invalid one: "no eligible endpoint",
+        # not "empty hint"
+        return [
+            v.string_value if v.WhichOneof("kind") == "string_value" else "<not a string>"
+            for v in value.list_value.values
+        ]
+    if kind == "string_value":  # tolerate "a,b" as a single string
+        return [s for s in (p.strip() for p in value.string_value.split(",")) if s]
+    return []
+
+
+def response_head(message: pb.ProcessingRequest) -> ResponseHead:
+    """What a response's headers tell the director (``exchange.ResponseHead``)."""
+    served = metadata_string(message, wire.LB_NAMESPACE, wire.SERVED_ENDPOINT_KEY) or ""
+    content_type, status, upstream_failure = "", 0, False
+    for header in message.response_headers.headers.headers:
+        key = header.key.lower()
+        if key == wire.CONTENT_TYPE:
+            content_type = header_value(header)
+        elif key == ":status":
+            status = ascii_int(header_value(header), 999) or 0
+        elif key == wire.UPSTREAM_FAILURE_HEADER:
+            upstream_failure = True
+    return ResponseHead(served, status, content_type, upstream_failure)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from endpoint_picker.telemetry.usage import MAX_TOKENS, Usage, UsageReader
+from endpoint_picker.requests import MAX_TOKENS, Usage, UsageReader
 
 
 def test_json_body_split_across_chunks() -> None:
