@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -138,3 +139,18 @@ class AccessDecision:
     @property
     def allowed(self) -> bool:
         return self.status == 200
+
+
+def is_base_model(model: str, endpoints: Sequence[EndpointState]) -> bool:
+    """``model`` is a candidate's base model and no candidate's adapter.
+
+    Checked across candidates, not per endpoint: an endpoint not scraped yet knows no base
+    model, and must not be told apart from the others for it.
+    """
+    if not any(model in e.metrics.base_models for e in endpoints):
+        return False
+    return not any(
+        model in m.active_adapters or model in m.waiting_adapters
+        for e in endpoints
+        for m in (e.metrics,)
+    )

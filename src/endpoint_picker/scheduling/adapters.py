@@ -9,26 +9,11 @@ from collections.abc import Sequence
 
 from endpoint_picker.errors import kept
 from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED
-from endpoint_picker.types import EndpointState
+from endpoint_picker.types import EndpointState, is_base_model
 
 NO_ADAPTER = (0.0, 0.0)
 _LOAD = (1.0, 0.0)
 _LOAD_AFTER_WAIT = (1.0, 1.0)
-
-
-def is_base_model(model: str, endpoints: Sequence[EndpointState]) -> bool:
-    """``model`` is a candidate's base model and no candidate's adapter.
-
-    Checked across candidates, not per endpoint: an endpoint not scraped yet knows no base
-    model, and must not be told apart from the others for it.
-    """
-    if not any(model in e.metrics.base_models for e in endpoints):
-        return False
-    return not any(
-        model in m.active_adapters or model in m.waiting_adapters
-        for e in endpoints
-        for m in (e.metrics,)
-    )
 
 
 class AdapterFlights:

@@ -10,12 +10,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from endpoint_picker.requests import LLMRequest, priority_of
-from endpoint_picker.scheduling.adapters import (
-    NO_ADAPTER,
-    AdapterFlights,
-    adapter_features,
-    is_base_model,
-)
+from endpoint_picker.scheduling.adapters import NO_ADAPTER, AdapterFlights, adapter_features
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed, remember
 from endpoint_picker.scheduling.placement import Placement
 from endpoint_picker.scheduling.predictor import LatencyPredictor, Prediction, PredictorObserver
@@ -26,7 +21,7 @@ from endpoint_picker.scheduling.prefix import (
     prompt_prefix_text,
 )
 from endpoint_picker.scheduling.registry import PluginContext
-from endpoint_picker.types import EndpointState, ascii_int
+from endpoint_picker.types import EndpointState, ascii_int, is_base_model
 
 TTFT_HEADER = "x-slo-ttft-ms"
 TPOT_HEADER = "x-slo-tpot-ms"

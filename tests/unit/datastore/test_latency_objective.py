@@ -9,6 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from tests.support.deploy import DEPLOY, kustomize
 from tests.support.pool import model, objective, pod, pool, pool_yaml
 from tests.unit.datastore.test_kubernetes_source import BASE, eventually, running
 from tests.unit.test_deploy import crd_schema
@@ -141,7 +142,7 @@ async def test_kubernetes_objects_carry_the_objective(tmp_path: Path) -> None:
 )
 def test_crds_accept_durations_and_refuse_other_shapes(kind: str, plural: str) -> None:
     """The CRDs take the objective as a Go duration string and nothing else."""
-    schema = crd_schema(GROUP, plural, "v1alpha2")
+    schema = crd_schema(kustomize(DEPLOY / "crds"), GROUP, plural, "v1alpha2")
     doc = model("m") if kind == "InferenceModel" else objective("o")
     for good in ("50ms", "1m30s", "1.5s", "250us"):
         jsonschema.validate(with_objective(doc, {OBJECTIVE_P95_KEY: good}), schema)

@@ -61,6 +61,15 @@ PARAMETERS = {
         "metricsStalenessThreshold",
     ],
     "predicted-latency-scorer": ["tpotWeight", "othersWeight"],
+    "precise-prefix-cache-scorer": [
+        "tokenProcessorConfig",
+        "kvEventsConfig",
+        "indexerConfig",
+        "maxPrefixBlocks",
+        "inlineBytes",
+        "maxPendingTokenize",
+        "maxCachedBlocks",
+    ],
     "predicted-latency-detector": [
         "factor",
         "criticalFactor",

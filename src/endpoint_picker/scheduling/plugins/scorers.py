@@ -7,11 +7,10 @@ from collections.abc import Iterable, Sequence
 
 from endpoint_picker.errors import kept
 from endpoint_picker.requests import LLMRequest
-from endpoint_picker.scheduling.adapters import is_base_model
 from endpoint_picker.scheduling.lifecycle import Finished, Routed, remember
 from endpoint_picker.scheduling.placement import RingWalk
 from endpoint_picker.scheduling.registry import Params, PluginContext
-from endpoint_picker.types import EndpointState
+from endpoint_picker.types import EndpointState, is_base_model
 
 _RECENT_ENDPOINTS = 8  # per adapter, where its requests went lately
 _ADAPTERS_LIMIT = 10_000  # adapters whose recent endpoints are remembered
