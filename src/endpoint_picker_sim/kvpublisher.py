@@ -78,7 +78,9 @@ class KvEventPublisher:
             else for_server(config.replay_endpoint, host, index, servers)
         )
         self.topic = for_server(config.topic, host, index, servers).encode()
-        self.binds = binds(self.endpoint)
+        # decided on the endpoint as configured: ``tcp://*:5557`` binds (on ``host``), though
+        # the resolved ``tcp://<host>:5557`` has no wildcard left
+        self.binds = binds(config.endpoint)
         self._seq = 0
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._ctx = zmq.asyncio.Context.instance()

@@ -347,3 +347,17 @@ async def test_restart_loses_the_cache_silently_and_restarts_the_sequence(
     for event in (e for b in after for e in b.events):
         view.apply(event)
     assert set(view.blocks) == {wire_hash(h) for h in server.engine.blocks.cached_hashes()}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "bound"),
+    [("tcp://*:5557", True), ("tcp://[::]:5557", True), ("tcp://10.0.0.1:5557", False),
+     ("tcp://${POD_IP}:5557", False), ("ipc:///tmp/kv", True)],
+)  # fmt: skip
+def test_a_wildcard_endpoint_binds_on_the_servers_address(endpoint: str, bound: bool) -> None:
+    """vLLM's rule on the endpoint as configured: `tcp://*:5557` (`--kv-events-port`) binds,
+    on the server's own address, though the resolved endpoint has no wildcard left."""
+    pub = KvEventPublisher(KvEventsConfig(endpoint=endpoint), "127.0.3.9", 0, 1)
+    assert pub.binds is bound
+    if endpoint == "tcp://*:5557":
+        assert pub.endpoint == "tcp://127.0.3.9:5557"

@@ -26,7 +26,7 @@ import endpoint_picker.bench.stats as stats
 import endpoint_picker.bench.workloads as workloads
 from endpoint_picker.bench.fleetwatch import FleetWatch
 from endpoint_picker.bench.model import BenchError, FleetObservation, TargetResult, WorkloadPlan
-from endpoint_picker.bench.stacks import FleetOptions, StackSpec, running_stack
+from endpoint_picker.bench.stacks import FleetOptions, StackSpec, check_fleet, running_stack
 from endpoint_picker.bench.tokenizer import build_tokenizer
 
 
@@ -135,6 +135,8 @@ async def run(options: RunOptions, argv: Sequence[str] = ()) -> list[TargetResul
         if not path.is_file():
             raise BenchError(f"--tokenizer: no such file: {path}")
         options = replace(options, fleet=replace(options.fleet, tokenizer=str(path.resolve())))
+    for spec in options.targets:  # before any target starts
+        check_fleet(spec, options.fleet)
     work = options.report_dir / "logs"
     work.mkdir(exist_ok=True)
     results: list[TargetResult] = []

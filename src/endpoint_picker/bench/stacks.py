@@ -60,6 +60,7 @@ FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the n
 KV_EVENTS_PORT = 5557
 FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
 _EPP_CLUSTER = "endpoint_picker"  # the ext_proc cluster's name in deploy/envoy/templates
+PRECISE_SCORER = "precise-prefix-cache-scorer"  # subscribes to the fleet's KV-cache events
 _PYTHON = (sys.executable, "-m", "endpoint_picker")
 
 
@@ -236,13 +237,16 @@ async def running_stack(
             if spec.kind == "epp":  # meanwhile: its first scrapes may fail, which it survives
                 pool = folder / "pool.yaml"
                 pool.write_text(pool_file(plan, addresses, port))
+                config = epp_config(spec, fleet, folder)
                 for i in range(spec.replicas):
                     ports = epp_ports[3 * i : 3 * i + 3]
                     name = "epp" if spec.replicas == 1 else f"epp{i + 1}"
                     epps.append(
                         (
                             await children.start(
-                                name, _epp_argv(spec, pool, ports), dict(spec.epp_env)
+                                name,
+                                _epp_argv(spec, pool, ports, config, fleet.tokenizer),
+                                dict(spec.epp_env),
                             ),
                             ports[2],
                         )
@@ -293,15 +297,96 @@ async def running_stack(
         await children.stop()
 
 
-def _epp_argv(spec: StackSpec, pool: Path, ports: Sequence[int]) -> list[str]:
+def _load_config(config_file: Path | None) -> object:
+    """An EndpointPickerConfig file's document; None when there is none or it does not parse
+    (the EPP then says why, at its start)."""
+    if config_file is None:
+        return None
+    try:
+        return yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def precise_scorers(doc: object) -> list[dict[str, Any]]:
+    """The ``precise-prefix-cache-scorer`` entries of a config document (mutable, in place)."""
+    plugins = doc.get("plugins") if isinstance(doc, dict) else None
+    return [p for p in plugins or () if isinstance(p, dict) and p.get("type") == PRECISE_SCORER]
+
+
+def check_fleet(spec: StackSpec, fleet: FleetOptions) -> None:
+    """``BenchError`` when ``spec``'s EPP config needs what the fleet does not give: the
+    precise scorer needs the fleet's events (``--kv-events``) and its tokenizer
+    (``--tokenizer``); with ``--kv-events-endpoint`` the one EPP process binds it, so neither
+    replicas nor workers (each would bind the same endpoint)."""
+    if spec.kind != "epp" or not precise_scorers(_load_config(spec.config_file)):
+        return
+    if not fleet.kv_events:
+        raise BenchError(f"--stack {spec.name}: {PRECISE_SCORER} needs the fleet's KV-cache "
+                         "events: add --kv-events (or --kv-events-endpoint)")  # fmt: skip
+    if fleet.tokenizer is None:
+        raise BenchError(f"--stack {spec.name}: {PRECISE_SCORER} needs the fleet's tokenizer: "
+                         "add --tokenizer build (or PATH)")  # fmt: skip
+    if fleet.kv_events_endpoint and (spec.replicas > 1 or spec.workers > 1):
+        raise BenchError(f"--stack {spec.name}: with --kv-events-endpoint one EPP process binds "
+                         "it: no replicas (Nx) or workers (@wN)")  # fmt: skip
+
+
+def epp_config(spec: StackSpec, fleet: FleetOptions, folder: Path) -> Path | None:
+    """The config file the stack's EPP runs with: ``spec.config_file`` as it is, or, when it
+    has a ``precise-prefix-cache-scorer``, a copy in ``folder`` whose ``kvEventsConfig`` reaches
+    this fleet's publishers: each server's port ``KV_EVENTS_PORT`` and replay port next to it,
+    or, with ``--kv-events-endpoint``, that endpoint bound by the EPP (``zmqEndpoint``). Its
+    other parameters (block size, topic filter, bounds) stay the config's own."""
+    check_fleet(spec, fleet)
+    doc = _load_config(spec.config_file)
+    scorers = precise_scorers(doc)
+    if spec.config_file is None or not scorers:
+        return spec.config_file
+    for plugin in scorers:
+        params = plugin.get("parameters")
+        params = plugin["parameters"] = params if isinstance(params, dict) else {}
+        old = params.get("kvEventsConfig")
+        events = {
+            k: v
+            for k, v in (old if isinstance(old, dict) else {}).items()
+            if k not in ("socketPort", "zmqEndpoint", "discoverPods", "podDiscoveryConfig",
+                         "replayPort")
+        }  # fmt: skip
+        if fleet.kv_events_endpoint:
+            events["zmqEndpoint"] = fleet.kv_events_endpoint
+        else:
+            events["socketPort"] = KV_EVENTS_PORT
+        events["replayPort"] = KV_EVENTS_PORT + 1
+        params["kvEventsConfig"] = events
+    path = folder / "epp-config.yaml"
+    path.write_text(
+        f"# {spec.config_file}, its {PRECISE_SCORER} subscribed to the bench's fleet\n"
+        + yaml.safe_dump(doc, sort_keys=False),
+        encoding="utf-8",
+    )
+    return path
+
+
+def _epp_argv(
+    spec: StackSpec,
+    pool: Path,
+    ports: Sequence[int],
+    config_file: Path | None = None,
+    tokenizer: str | None = None,
+) -> list[str]:
+    """``epp serve`` for one replica: ``config_file`` (``epp_config``), and the fleet's
+    ``tokenizer`` for every model of the pool, so prompts become the ids the fleet caches."""
     grpc, health, metrics = ports
     # Warnings only (per-request logs would cost the fleet CPU); nothing to drain after a run.
     argv = [*_PYTHON, "serve", "--pool-file", str(pool), "--bind-address", FRONT_ADDRESS,
             "--grpc-port", str(grpc), "--grpc-health-port", str(health),
             "--metrics-port", str(metrics), "--log-level", "warning",
             "--drain-timeout", "1s"]  # fmt: skip
-    if spec.config_file is not None:
-        argv += ["--config-file", str(spec.config_file)]
+    if config_file is not None:
+        argv += ["--config-file", str(config_file)]
+    if tokenizer is not None:
+        argv += ["--tokenizer", tokenizer]
     if spec.workers > 1:
         argv += ["--workers", str(spec.workers)]
     if spec.worker_max_requests > 0:
@@ -348,10 +433,14 @@ def _more_epps(text: str, epp_ports: Sequence[int]) -> str:
 
 
 __all__ = [
+    "KV_EVENTS_PORT",
+    "PRECISE_SCORER",
     "STARTUP_TIMEOUT",
     "FleetOptions",
     "RunningStack",
     "StackSpec",
+    "check_fleet",
+    "epp_config",
     "find_envoy",
     "parse_targets",
     "pool_file",

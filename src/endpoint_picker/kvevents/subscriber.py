@@ -15,7 +15,8 @@ connects):
 Each publisher numbers its messages from 0. A gap (a message lost to a full queue, a dropped
 connection) is repaired by asking the publisher's replay socket (``replay_port``: a ROUTER; the
 request is ``[b"", start-seq as 8 bytes big-endian]`` from a DEALER, the answer
-``[b"", seq, payload]`` per buffered message and ``[b"", -1 as 8 signed bytes, b""]`` at the end)
+``[b"", seq, payload]`` per buffered message and ``[b"", -1 as 8 signed bytes, b""]`` at the end;
+a publisher that puts the topic before ``seq``, as the simulator's current wire does, is read too)
 or, without one, by dropping that pod's view and rebuilding it from the events that follow.
 The first message from a pod asks the replay socket for everything from 0 (what the publisher
 still buffers); a sequence number that goes back means the publisher restarted (an empty cache).
@@ -381,8 +382,10 @@ class KVEventsHub:
                 if remaining <= 0:
                     break
                 frames = await asyncio.wait_for(sock.recv_multipart(), remaining)
+                if len(frames) == 4 and not frames[0]:
+                    del frames[1]  # the topic, which newer publishers put before seq
                 if len(frames) != 3 or frames[0] or len(frames[1]) != 8:
-                    raise KVEventsError(f"a replay answer is [b'', seq, payload], got "
+                    raise KVEventsError(f"a replay answer is [b'', (topic,) seq, payload], got "
                                         f"{len(frames)} frames")  # fmt: skip
                 seq = int.from_bytes(frames[1], "big", signed=True)
                 if seq == END_SEQ:

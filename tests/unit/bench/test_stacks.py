@@ -17,10 +17,13 @@ from endpoint_picker.bench import peers
 from endpoint_picker.bench.envoy_direct import direct_config, render_direct
 from endpoint_picker.bench.model import BenchError, WorkloadPlan
 from endpoint_picker.bench.stacks import (
+    KV_EVENTS_PORT,
     FleetOptions,
     StackSpec,
     _envoy_config,
     _epp_argv,
+    check_fleet,
+    epp_config,
     find_envoy,
     parse_targets,
     pool_file,
@@ -347,3 +350,84 @@ def test_sim_args_connect_mode_dials_one_endpoint() -> None:
         "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:7000",
         "replay_endpoint": "tcp://*:5558", "topic": "kv@${POD_IP}@m",
     }  # fmt: skip
+
+
+PRECISE_EXAMPLE = (
+    Path(__file__).resolve().parents[3]
+    / "deploy"
+    / "examples"
+    / ("scheduler-config-precise-prefix.yaml")
+)
+
+
+def _kv_events_config(path: Path) -> dict[str, Any]:
+    doc = yaml.safe_load(path.read_text())
+    (scorer,) = [p for p in doc["plugins"] if p["type"] == "precise-prefix-cache-scorer"]
+    events: dict[str, Any] = scorer["parameters"]["kvEventsConfig"]
+    return events
+
+
+def test_epp_config_subscribes_the_precise_scorer_to_each_server(tmp_path: Path) -> None:
+    """With the fleet's events published on each server, the EPP's copy of a precise config
+    subscribes to the bench's publish and replay ports, whatever the file said, and keeps its
+    other kvEventsConfig parameters; the EPP gets the fleet's tokenizer."""
+    source = tmp_path / "precise.yaml"
+    doc = yaml.safe_load(PRECISE_EXAMPLE.read_text())
+    (scorer,) = [p for p in doc["plugins"] if p["type"] == "precise-prefix-cache-scorer"]
+    scorer["parameters"]["kvEventsConfig"].update(socketPort=6000, replayPort=0)
+    source.write_text(yaml.safe_dump(doc))
+    (spec,) = parse_targets(f"epp={source}")
+    fleet = FleetOptions(kv_events=True, tokenizer="/run/tokenizer.json")
+    path = epp_config(spec, fleet, tmp_path)
+    assert path is not None
+    assert path != source.resolve()
+    events = _kv_events_config(path)
+    assert (events["socketPort"], events["replayPort"]) == (KV_EVENTS_PORT, KV_EVENTS_PORT + 1)
+    assert "zmqEndpoint" not in events
+    assert events["deadAfter"] == "30s"  # the config's own
+    argv = _epp_argv(spec, tmp_path / "pool.yaml", [1, 2, 3], path, fleet.tokenizer)
+    assert argv[argv.index("--config-file") + 1] == str(path)
+    assert argv[argv.index("--tokenizer") + 1] == "/run/tokenizer.json"
+
+
+def test_epp_config_binds_the_endpoint_every_server_dials(tmp_path: Path) -> None:
+    """--kv-events-endpoint: the precise scorer binds it (zmqEndpoint), no per-pod port."""
+    (spec,) = parse_targets(f"epp={PRECISE_EXAMPLE}")
+    fleet = FleetOptions(
+        kv_events=True, kv_events_endpoint="tcp://127.0.0.1:7000", tokenizer="/t.json"
+    )
+    path = epp_config(spec, fleet, tmp_path)
+    assert path is not None
+    events = _kv_events_config(path)
+    assert events["zmqEndpoint"] == "tcp://127.0.0.1:7000"
+    assert "socketPort" not in events
+    assert events["replayPort"] == KV_EVENTS_PORT + 1
+
+
+def test_epp_config_leaves_a_config_without_the_precise_scorer(
+    tmp_path: Path, config_file: Path
+) -> None:
+    """No precise scorer: the EPP runs the file as given (and the default profile, none)."""
+    fleet = FleetOptions(kv_events=True)
+    (configured, plain) = parse_targets(f"epp={config_file},epp")
+    assert epp_config(configured, fleet, tmp_path) == config_file.resolve()
+    assert epp_config(plain, fleet, tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("target", "fleet", "message"),
+    [
+        ("epp=P", FleetOptions(tokenizer="/t.json"), "add --kv-events"),
+        ("epp=P", FleetOptions(kv_events=True), "add --tokenizer"),
+        ("2xepp=P", FleetOptions(kv_events=True, tokenizer="/t.json",
+                                 kv_events_endpoint="tcp://127.0.0.1:7000"), "no replicas"),
+    ],
+)  # fmt: skip
+def test_check_fleet_refuses_a_precise_target_the_fleet_cannot_feed(
+    target: str, fleet: FleetOptions, message: str
+) -> None:
+    """A precise target without the fleet's events or tokenizer, or several processes that
+    would each bind the one endpoint, fails before any stack starts, saying what to add."""
+    (spec,) = parse_targets(target.replace("P", str(PRECISE_EXAMPLE)))
+    with pytest.raises(BenchError, match=message):
+        check_fleet(spec, fleet)
