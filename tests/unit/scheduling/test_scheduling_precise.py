@@ -196,3 +196,14 @@ def test_an_adapter_seen_in_events_roots_its_requests(tokenizer_path: Path) -> N
     scorer.prepare(adapter)
     assert scorer.score(base, [holder]) == [0.0]
     assert scorer.score(adapter, [holder])[0] > 0
+
+
+def test_distinct_short_prompts_cannot_grow_the_prompt_cache(tokenizer_path: Path) -> None:
+    """A prompt shorter than one block hashes to no block; each cached prompt still counts at
+    least one against maxCachedBlocks, so a client sending many distinct short prompts cannot
+    grow the cache past it."""
+    capped = CONFIG.replace("inlineBytes: 300", "inlineBytes: 300\n    maxCachedBlocks: 50")
+    scorer = scorer_of(capped, tokenizer_path)
+    for i in range(500):
+        assert scorer.prepare(completion(f"{i}")) is None
+    assert len(scorer._cache) <= 50

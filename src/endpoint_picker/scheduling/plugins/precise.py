@@ -201,11 +201,17 @@ class PrecisePrefixCacheScorer:
             return
         old = self._cache.pop(key, None)
         if old is not None:
-            self._cached_blocks -= len(old[1])
-        if len(keys) > self._max_cached:
+            self._cached_blocks -= _cost(old[1])
+        if _cost(keys) > self._max_cached:
             return
         self._cache[key] = (root, keys)
-        self._cached_blocks += len(keys)
+        self._cached_blocks += _cost(keys)
         while self._cached_blocks > self._max_cached:
             _, (_, dropped) = self._cache.popitem(last=False)
-            self._cached_blocks -= len(dropped)
+            self._cached_blocks -= _cost(dropped)
+
+
+def _cost(keys: tuple[int, ...]) -> int:
+    """What a cached prompt counts against ``maxCachedBlocks``: its blocks, and at least one,
+    so prompts shorter than a block (no block at all) cannot pile up uncounted."""
+    return len(keys) or 1
