@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from endpoint_picker.errors import kept
 from endpoint_picker.scheduling.lifecycle import REQUESTS_REMEMBERED
-from endpoint_picker.types import EndpointState, is_base_model
+from endpoint_picker.types import EndpointState
 
 NO_ADAPTER = (0.0, 0.0)
 _LOAD = (1.0, 0.0)
@@ -63,14 +63,14 @@ class AdapterFlights:
 
 
 def adapter_features(
-    model: str, endpoints: Sequence[EndpointState], flights: AdapterFlights
+    model: str | None, endpoints: Sequence[EndpointState], flights: AdapterFlights
 ) -> list[tuple[float, float]]:
     """Per endpoint, (must load ``model``'s adapter, must first wait for a slot): nothing for a
     base-model request or an adapter running there (scraped, or routed there and unfinished); a
     load where a slot is free (or the server reports no LoRA state: a fresh pod); a load after a
     wait where every slot is taken. The predictor learns what each costs on each endpoint
-    (``adapter_load``, ``adapter_wait``)."""
-    if is_base_model(model, endpoints):
+    (``adapter_load``, ``adapter_wait``). ``model`` None: a base-model request."""
+    if model is None:
         return [NO_ADAPTER] * len(endpoints)
     name = kept(model)
     out = []

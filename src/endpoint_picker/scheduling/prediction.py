@@ -62,7 +62,8 @@ class PredictionSource:
     many plugins share it)."""
 
     __slots__ = (
-        "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback", "_hashes",
+        "_adapter_of", "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback",
+        "_hashes",
         "_inflight", "_max_blocks", "_objectives", "_placement", "adapters", "index", "placed",
         "predictor", "scored", "typical_ktok",
     )  # fmt: skip
@@ -90,6 +91,8 @@ class PredictionSource:
         # the request last featured when no candidate holds any of its blocks; else None
         self.placed: int | None = None
         self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # the adapter of each featured request that names one, until it is routed
+        self._adapter_of: OrderedDict[str, str] = OrderedDict()
         self.typical_ktok = 0.0  # recent mean of routed requests' uncached prompt (ktok)
         self.scored = False  # a predicted-latency-scorer features each request before routing
         self.adapters = AdapterFlights()
@@ -121,7 +124,11 @@ class PredictionSource:
             self._placement.pick(hashes[0], hostports) if hashes and not any(matched) else None
         )
         block_ktok = self._block_tokens / 1000.0
-        adapters = adapter_features(request.target_model, endpoints, self.adapters)
+        base = is_base_model(request.target_model, endpoints)
+        adapter = None if base else request.target_model
+        if adapter is not None:  # decided once, among the candidates: routing counts it
+            remember(self._adapter_of, request.request_id, adapter)
+        adapters = adapter_features(adapter, endpoints, self.adapters)
         out = [
             self._load_features(e, max(0.0, prompt_ktok - m * block_ktok), a)
             for e, m, a in zip(endpoints, matched, adapters, strict=True)
@@ -214,8 +221,9 @@ class PredictionSource:
             ttft, tpot = request_objectives(request)
             if ttft is not None or tpot is not None:
                 self.note_objectives(priority_of(request), ttft, tpot, self.predictor.now())
-        if not is_base_model(request.target_model, self._candidates):
-            self.adapters.routed(request.request_id, event.endpoint, request.target_model)
+        adapter = self._adapter_of.pop(request.request_id, None)
+        if adapter is not None:
+            self.adapters.routed(request.request_id, event.endpoint, adapter)
         hashes = self._hashes.pop(request.request_id, None)
         if hashes:
             self.index.insert(event.endpoint, hashes, self._capacity_of(event.endpoint))
@@ -229,6 +237,7 @@ class PredictionSource:
 
     def on_finished(self, event: Finished) -> None:
         self._hashes.pop(event.request_id, None)
+        self._adapter_of.pop(event.request_id, None)
         self.adapters.finished(event.request_id)
         self.predictor.on_finished(event)
 
