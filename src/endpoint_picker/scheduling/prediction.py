@@ -63,9 +63,8 @@ class PredictionSource:
 
     __slots__ = (
         "_adapter_of", "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback",
-        "_hashes",
-        "_inflight", "_max_blocks", "_objectives", "_placement", "adapters", "index", "placed",
-        "predictor", "scored", "typical_ktok",
+        "_hashes", "_inflight", "_max_blocks", "_objectives", "_placement", "adapters", "index",
+        "placed", "predictor", "scored", "typical_ktok",
     )  # fmt: skip
 
     def __init__(
