@@ -11,8 +11,9 @@ from pathlib import Path
 import aiohttp
 import msgpack
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
+from endpoint_picker.bench.tokenizer import build_tokenizer
 from endpoint_picker_sim.cluster import running_servers
 from endpoint_picker_sim.config import KvEventsConfig, ServerConfig, SimConfig, Wire
 from endpoint_picker_sim.kvevents import BlockRemoved, BlockStored, encode_batch, wire_hash
@@ -207,25 +208,11 @@ async def test_connect_mode_every_pod_to_one_bound_subscriber(
     assert all(seqs == list(range(len(seqs))) for seqs in by_topic.values())
 
 
-def small_tokenizer(path: Path) -> Path:
-    """A byte-level BPE trained in-process on a few sentences, saved as tokenizer.json."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    corpus = ["the cache routes the request to the server", "a prefix of tokens"] * 20
-    tok.train_from_iterator(corpus, trainer)
-    out = path / "tokenizer.json"
-    tok.save(str(out))
-    return out
-
-
 async def test_a_tokenizer_file_puts_its_token_ids_on_the_wire(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
     """With --tokenizer the prompt's tokens and the stored events' token ids are the tokenizer's."""
-    path = small_tokenizer(tmp_path)
+    path = build_tokenizer(tmp_path)  # the bench's BPE
     text = "the cache routes the request to the server " * 6
     ids = Tokenizer.from_file(str(path)).encode(text).ids
     config = replace(events_server(), tokenizer=str(path))
@@ -250,7 +237,7 @@ async def test_chat_prompts_are_rendered_then_tokenized_without_special_tokens(
 ) -> None:
     """A chat request's ids are the tokenizer's encoding of the Llama-3-style rendering (which
     holds the BOS), without the tokenizer's own special tokens, as vLLM tokenizes chat."""
-    path = small_tokenizer(tmp_path)
+    path = build_tokenizer(tmp_path)  # the bench's BPE
     messages = [("system", "the cache routes the request " * 4), ("user", "a prefix of tokens")]
     ids = Tokenizer.from_file(str(path)).encode(render_chat(messages), add_special_tokens=False).ids
     async with serving(replace(events_server(), tokenizer=str(path)), HOST) as server:
