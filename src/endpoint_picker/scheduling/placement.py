@@ -179,3 +179,55 @@ def first_present(order: Sequence[str], hostports: Sequence[str]) -> int | None:
         if i is not None:
             return i
     return None
+
+
+class PlacedShares:
+    """How many new prefixes each endpoint was given lately, to bound hashing by.
+
+    Rendezvous hashing alone spreads keys as a multinomial: 64 prefixes over 4 endpoints leave
+    the busiest with about 20 where the mean is 16, and when every prefix draws alike that
+    endpoint carries a quarter more load for as long as its prefixes live. Placing a new prefix
+    only among the endpoints within ``slack`` of the mean share (consistent hashing with bounded
+    loads, the load being the prefixes placed) holds the spread to ``slack``, as the SGLang
+    router's "smallest tree first" does; the hash still decides among them, so replicas with
+    similar views agree. Counts decay by ``1 - decay`` per placement, so the bound follows what
+    the endpoints hold now, not a prefix placed an hour ago. One float per endpoint in the pool.
+    """
+
+    __slots__ = ("_counts", "_decay", "_total", "_unit", "slack")
+
+    def __init__(self, slack: float = 0.1, decay: float = 1.0 / 256) -> None:
+        self.slack = slack
+        self._decay = decay
+        self._counts: dict[str, float] = {}
+        self._total = 0.0
+        self._unit = 1.0  # the weight of a placement now: grows instead of decaying the others
+
+    def eligible(self, hostports: Sequence[str]) -> list[int]:
+        """The indexes in ``hostports`` of those a new prefix may go to: under ``1 + slack``
+        times the candidates' mean share once it is placed (never empty: the least-placed
+        endpoint is always under it)."""
+        counts = [self._counts.get(h, 0.0) for h in hostports]
+        if not counts:
+            return []
+        bound = (1.0 + self.slack) * (sum(counts) + self._unit) / len(counts)
+        return [i for i, c in enumerate(counts) if c < bound]
+
+    def placed(self, hostport: str) -> None:
+        """A prefix no endpoint held was routed to ``hostport``."""
+        self._unit /= 1.0 - self._decay
+        if self._unit > 1e12:  # rescale before the floats lose their resolution
+            self._counts = {h: c / self._unit for h, c in self._counts.items()}
+            self._total /= self._unit
+            self._unit = 1.0
+        self._counts[hostport] = self._counts.get(hostport, 0.0) + self._unit
+        self._total += self._unit
+
+    def share(self, hostport: str) -> float:
+        """``hostport``'s share of the recent placements (0 before any)."""
+        return self._counts.get(hostport, 0.0) / self._total if self._total else 0.0
+
+    def purge(self, keep: frozenset[str]) -> None:
+        """Forget the endpoints that left the pool."""
+        for gone in [h for h in self._counts if h not in keep]:
+            self._total -= self._counts.pop(gone)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from endpoint_picker.requests import LLMRequest, priority_of
 from endpoint_picker.scheduling.adapters import NO_ADAPTER, AdapterFlights, adapter_features
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed, remember
-from endpoint_picker.scheduling.placement import Placement
+from endpoint_picker.scheduling.placement import PlacedShares, Placement
 from endpoint_picker.scheduling.predictor import LatencyPredictor, Prediction, PredictorObserver
 from endpoint_picker.scheduling.prefix import (
     CHARS_PER_TOKEN,
@@ -64,7 +64,7 @@ class PredictionSource:
     __slots__ = (
         "_adapter_of", "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback",
         "_hashes", "_inflight", "_max_blocks", "_objectives", "_placement", "adapters", "index",
-        "placed", "predictor", "scored", "typical_ktok",
+        "placed", "predictor", "scored", "shares", "typical_ktok",
     )  # fmt: skip
 
     def __init__(
@@ -86,6 +86,7 @@ class PredictionSource:
         self._capacity: dict[str, int] = {}
         self._candidates: Sequence[EndpointState] = ()  # of the last request scored
         self._placement = Placement()
+        self.shares = PlacedShares()
         # the candidate (index) that rendezvous hashing of the prompt's first block names, for
         # the request last featured when no candidate holds any of its blocks; else None
         self.placed: int | None = None
@@ -119,9 +120,11 @@ class PredictionSource:
         remember(self._hashes, request.request_id, hashes)
         hostports = [e.hostport for e in endpoints]
         matched = self.index.match(hashes, hostports) if hashes else [0] * len(hostports)
-        self.placed = (
-            self._placement.pick(hashes[0], hostports) if hashes and not any(matched) else None
-        )
+        self.placed = None
+        if hashes and not any(matched):  # by hash, among those not over their share
+            eligible = self.shares.eligible(hostports)
+            pick = self._placement.pick(hashes[0], [hostports[i] for i in eligible])
+            self.placed = eligible[pick]
         block_ktok = self._block_tokens / 1000.0
         base = is_base_model(request.target_model, endpoints)
         adapter = None if base else request.target_model
@@ -225,6 +228,8 @@ class PredictionSource:
             self.adapters.routed(request.request_id, event.endpoint, adapter)
         hashes = self._hashes.pop(request.request_id, None)
         if hashes:
+            if not self.index.held(hashes[0]):
+                self.shares.placed(event.endpoint)
             self.index.insert(event.endpoint, hashes, self._capacity_of(event.endpoint))
         self.predictor.on_routed(event)
         flight_ktok = self.predictor.routed_uncached(event.request.request_id)
@@ -242,6 +247,7 @@ class PredictionSource:
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         self.index.purge(hostports)
+        self.shares.purge(hostports)
         self.adapters.on_endpoints(hostports)
         for gone in [h for h in self._capacity if h not in hostports]:
             del self._capacity[gone]

@@ -129,6 +129,10 @@ class PrefixIndex:
             evicted, _ = lru.popitem(last=False)
             self._drop_holder(evicted, endpoint)
 
+    def held(self, h: int) -> bool:
+        """Whether any endpoint holds block ``h``."""
+        return h in self._holders
+
     def match(self, hashes: Sequence[int], endpoints: Sequence[str]) -> list[int]:
         """For each endpoint, how many of ``hashes`` it holds as a leading run."""
         matched = dict.fromkeys(endpoints, 0)

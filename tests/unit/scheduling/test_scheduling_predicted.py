@@ -280,6 +280,27 @@ def test_a_new_prefix_goes_where_placement_puts_it_among_equal_costs() -> None:
     assert len(winners) == 1
 
 
+def test_a_new_prefix_is_not_placed_on_an_endpoint_over_its_share_of_new_prefixes() -> None:
+    """Rendezvous hashing picks among the endpoints that have not taken more than their share
+    of the prefixes placed lately: new prefixes fill the endpoints evenly, so the load their
+    requests bring stays even (the winner by hash alone is passed over once it is ahead)."""
+    endpoints = [endpoint() for _ in range(4)]
+    source = source_with(PREFILL_BOUND, endpoints)
+    scorer = PredictedLatencyScorer(source)
+    lifecycle = Lifecycle([source], [source], [source])
+    counts = dict.fromkeys((e.hostport for e in endpoints), 0)
+    for i in range(40):
+        prompt = {"prompt": f"group {i} " * 300 + "question?"}
+        request = replace(completion(), body=prompt, stream=False)  # no sample: the law stays
+        scores = scorer.score(request, endpoints)
+        chosen = endpoints[max(range(4), key=scores.__getitem__)].hostport
+        lifecycle.routed(request, chosen)
+        lifecycle.started(request.request_id)
+        lifecycle.finished(request.request_id, True)  # no load left behind to spread them
+        counts[chosen] += 1
+    assert max(counts.values()) <= 11  # 10 each, one ahead at most
+
+
 def test_the_unloaded_bound_is_floored_by_the_fastest_observed_first_tokens() -> None:
     """A fit whose intercept came out near zero would call any load "2x unloaded"; the bound
     is at least factor x about the 10th percentile of the endpoint's observed TTFT."""

@@ -60,8 +60,11 @@ class PredictedLatencyScorer:
 
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> PredictedLatencyScorer:
+        source = PredictionSource.shared(ctx)
+        # new prefixes go by hash among the endpoints within this share of the mean (placement.py)
+        source.shares.slack = params.number("placementSlack", 0.1, minimum=0.0, maximum=1000.0)
         return cls(
-            PredictionSource.shared(ctx),
+            source,
             params.number("tpotWeight", 1.0, minimum=0.0, maximum=10_000.0),
             ctx.clock,
             others_weight=params.number("othersWeight", 1.0, minimum=0.0, maximum=10_000.0),
