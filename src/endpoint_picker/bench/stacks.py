@@ -38,7 +38,7 @@ from endpoint_picker.bench import envoytiming, peers
 from endpoint_picker.bench.envoy_direct import render_direct
 from endpoint_picker.bench.fleet import KV_EVENTS_PORT, FleetOptions
 from endpoint_picker.bench.model import BenchError, WorkloadPlan
-from endpoint_picker.bench.pods import ready_pods
+from endpoint_picker.bench.pods import pool_file_text
 from endpoint_picker.bench.processes import (
     Child,
     Children,
@@ -84,25 +84,17 @@ def pool_file(plan: WorkloadPlan, addresses: Sequence[str], port: int) -> str:
         raise BenchError(
             f"criticality or objective given for models the fleet does not serve: {unknown}"
         )
-    api, meta = "inference.networking.x-k8s.io/v1alpha2", {"namespace": "default"}
-    labels = {"app": "bench-sim", "inference.networking.k8s.io/engine-type": "vllm"}
-    docs: list[dict[str, Any]] = [
-        {"apiVersion": api, "kind": "InferencePool", "metadata": {"name": "bench", **meta},
-         "spec": {"selector": {"app": "bench-sim"}, "targetPortNumber": port}},
-    ]  # fmt: skip
-    models: list[dict[str, Any]] = [
-        {"apiVersion": api, "kind": "InferenceModel", "metadata": {"name": f"model-{i}", **meta},
-         "spec": {"modelName": name, "criticality": plan.criticality.get(name, "Critical"),
-                  "poolRef": {"name": "bench"}}}
-        for i, name in enumerate(served)
-    ]  # fmt: skip
-    for doc in models:
-        seconds = plan.objectives.get(doc["spec"]["modelName"])
+    selector = {"app": "bench-sim"}
+    labels = {**selector, "inference.networking.k8s.io/engine-type": "vllm"}
+    models: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(served):
+        spec: dict[str, Any] = {"modelName": name,
+                                "criticality": plan.criticality.get(name, "Critical")}  # fmt: skip
+        seconds = plan.objectives.get(name)
         if seconds is not None:
-            doc["spec"]["objective"] = {OBJECTIVE_P95_KEY: f"{seconds * 1000:g}ms"}
-    docs += models
-    docs += ready_pods(addresses, labels, meta["namespace"], "sim-")
-    return yaml.safe_dump_all(docs, sort_keys=False)
+            spec["objective"] = {OBJECTIVE_P95_KEY: f"{seconds * 1000:g}ms"}
+        models[f"model-{i}"] = spec
+    return pool_file_text("bench", labels, port, models, addresses, "sim-", selector)
 
 
 @contextlib.asynccontextmanager
