@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from hyperframe.frame import Frame, GoAwayFrame, PingFrame
-from tests.support.extproc import body, error_of, headers, make_settings
+from tests.support.extproc import body, error_of, headers, make_settings, started_app
 from tests.support.h2client import (
     GRPC_HEADERS,
     OneAnswer,
@@ -243,9 +243,7 @@ async def test_a_peer_gone_silent_loses_its_connection_and_its_streams_release_w
     settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
     limits = GrpcConnectionSettings(keepalive_time=0.2, keepalive_timeout=0.2)
     server = replace(settings.server, ext_proc_server="h2", connections=limits)
-    app = App(replace(settings, server=server))
-    await app.start()
-    try:
+    async with started_app(replace(settings, server=server)) as app:
         client = await raw_client(app.ports.ext_proc)
         await client.settled()
         client.open_stream(1, PROCESS, headers().SerializeToString(), end=False)
@@ -260,8 +258,6 @@ async def test_a_peer_gone_silent_loses_its_connection_and_its_streams_release_w
         assert sample(app, BUFFERED) == 0
         assert not app._ext_server.connections  # type: ignore[union-attr]
         client.writer.close()
-    finally:
-        await app.stop(drain_timeout=0.5)
 
 
 async def test_a_connection_without_streams_for_the_idle_time_is_closed_gracefully() -> None:

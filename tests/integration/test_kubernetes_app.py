@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tests.support.extproc import Client, body, headers, json_body, lb_metadata
+from tests.support.extproc import Client, body, headers, json_body, lb_metadata, started_app
 from tests.support.kubeapi import FakeKubeApi, serve_kube_api
 from tests.support.metrics_auth import kubernetes_settings
 from tests.support.model_servers import fake_model_servers
@@ -83,9 +83,7 @@ async def test_pods_come_and_go_under_traffic(tmp_path: Path) -> None:
         api.put(model("base", criticality="Critical"))
         for i, server in enumerate(servers[:3]):
             api.put(pod(f"p{i}", server.address))
-        app = App(settings_for(api, tmp_path))
-        await app.start()
-        try:
+        async with started_app(settings_for(api, tmp_path), drain_timeout=0.2) as app:
             assert await readiness(app.ports.health) == health_pb2.HealthCheckResponse.NOT_SERVING
             api.put(pool(port=port))  # the pool appears: the first full sync can complete
             await wait_until(lambda: app.health.ready, within=2)
@@ -114,8 +112,6 @@ async def test_pods_come_and_go_under_traffic(tmp_path: Path) -> None:
                     for worker in workers:
                         worker.cancel()
                     await asyncio.gather(*workers, return_exceptions=True)
-        finally:
-            await app.stop(drain_timeout=0.2)
 
     assert {r.endpoint for r in routed if r.at < deleted_at} <= {s.hostport for s in servers[:3]}
     late_to_p1 = [r for r in routed if r.at > deleted_at + SCRAPE_INTERVAL]
@@ -133,9 +129,7 @@ async def test_watch_reconnects_while_serving(tmp_path: Path) -> None:
         api.put(pool(port=servers[0].port))
         api.put(model("base"))
         api.put(pod("p0", servers[0].address))
-        app = App(settings_for(api, tmp_path))
-        await app.start()
-        try:
+        async with started_app(settings_for(api, tmp_path), drain_timeout=0.2) as app:
             assert app.kubernetes is not None
             await asyncio.wait_for(app.kubernetes.synced.wait(), 2)
             api.drop()
@@ -143,8 +137,6 @@ async def test_watch_reconnects_while_serving(tmp_path: Path) -> None:
             api.put(pod("p1", servers[1].address))
             await wait_until(lambda: len(app.datastore.endpoints) == 2, within=2)
             assert app.health.ready
-        finally:
-            await app.stop(drain_timeout=0.2)
 
 
 async def test_leader_election_only_the_leader_is_ready(tmp_path: Path) -> None:
