@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tests.support.h2client import (
     serving,
     trailers,
 )
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
@@ -44,12 +44,6 @@ NO_KEEPALIVE = GrpcConnectionSettings(keepalive_time=0, max_connection_idle=0)
 
 def sample(app: App, name: str) -> float:
     return app.metrics.registry.get_sample_value(name, {}) or 0.0
-
-
-async def until(check: Callable[[], bool], within: float = 3.0) -> None:
-    async with asyncio.timeout(within):
-        while not check():  # noqa: ASYNC110 (polls state that has no event)
-            await asyncio.sleep(0.01)
 
 
 def big_answer(size: int) -> pb.ProcessingResponse:

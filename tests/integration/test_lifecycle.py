@@ -18,8 +18,8 @@ from tests.support.extproc import (
     running_app,
     started_app,
 )
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
-from tests.unit.metrics.metrics_builders import until
 
 from endpoint_picker.app import App
 from endpoint_picker.extproc.tls import self_signed_certificate
