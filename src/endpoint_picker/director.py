@@ -80,7 +80,7 @@ from endpoint_picker.target_model import (
     rewrite_model,
 )
 from endpoint_picker.target_model import criticality_of_priority as criticality_of_priority
-from endpoint_picker.types import Criticality, EndpointState, parse_hostport
+from endpoint_picker.types import Criticality, EndpointState, SubsetHint
 
 log = structlog.get_logger(__name__)
 
@@ -349,24 +349,10 @@ class Director:
             raise ServiceUnavailableError("no ready endpoint in the pool")
         if subset is None:
             return without_excluded(states, self._outliers)
-        wanted_hostports: set[tuple[str, int]] = set()
-        wanted_hosts: set[str] = set()
-        for entry in subset:
-            try:
-                host, port = parse_hostport(entry)
-            except ValueError:
-                log.warning("ignoring malformed subset hint entry", entry=clip(entry))
-                continue
-            if port is None:
-                wanted_hosts.add(host)
-            else:
-                wanted_hostports.add((host, port))
-        chosen = tuple(
-            s
-            for s in states
-            if s.endpoint.address in wanted_hosts
-            or (s.endpoint.address, s.endpoint.port) in wanted_hostports
-        )
+        hint = SubsetHint.parse(subset)
+        for entry in hint.malformed:
+            log.warning("ignoring malformed subset hint entry", entry=clip(entry))
+        chosen = hint.select(states)
         if not chosen:
             raise ServiceUnavailableError(
                 "no eligible endpoint in the subset hint" if subset else "the subset hint is empty"

@@ -1,9 +1,10 @@
-"""Core value types shared by every layer: endpoints, criticality, metrics snapshots."""
+"""Core value types shared by every layer: endpoints, criticality, metrics snapshots, the
+subset hint."""
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -121,6 +122,43 @@ class EndpointState:
     @property
     def hostport(self) -> str:
         return self.endpoint.hostport
+
+
+@dataclass(frozen=True, slots=True)
+class SubsetHint:
+    """The endpoints Envoy's subset hint allows a request (``envoy.lb.subset_hint``): entries
+    name an address (any port of it) or an address and port; ``malformed`` keeps the entries
+    that are neither, which the director ignores (and logs)."""
+
+    hosts: frozenset[str]
+    hostports: frozenset[tuple[str, int]]
+    malformed: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> SubsetHint:
+        hosts: set[str] = set()
+        hostports: set[tuple[str, int]] = set()
+        malformed: list[str] = []
+        for entry in entries:
+            try:
+                host, port = parse_hostport(entry)
+            except ValueError:
+                malformed.append(entry)
+                continue
+            if port is None:
+                hosts.add(host)
+            else:
+                hostports.add((host, port))
+        return cls(frozenset(hosts), frozenset(hostports), tuple(malformed))
+
+    def select(self, states: Iterable[EndpointState]) -> tuple[EndpointState, ...]:
+        """The states the hint names, in their order."""
+        hosts, hostports = self.hosts, self.hostports
+        return tuple(
+            s
+            for s in states
+            if s.endpoint.address in hosts or (s.endpoint.address, s.endpoint.port) in hostports
+        )
 
 
 @dataclass(frozen=True, slots=True)

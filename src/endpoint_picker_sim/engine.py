@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from endpoint_picker_sim.clock import Clock
 from endpoint_picker_sim.config import EngineConfig
 from endpoint_picker_sim.kvcache import BlockManager
-from endpoint_picker_sim.kvevents import BlockStored, KvEvent
+from endpoint_picker_sim.kvevents import KvEvent
+from endpoint_picker_sim.loras import LoraSlots
 from endpoint_picker_sim.request import FINISH_ABORT, FINISH_LENGTH, SimRequest
 from endpoint_picker_sim.stats import EngineStats
 from endpoint_picker_sim.tokenids import TokenIdScheme
@@ -51,17 +52,12 @@ class Engine:
         self.fleet: Sequence[BlockManager] = (self.blocks,)
         # Receives each step's KV-cache events (the publisher); None: events are not recorded.
         self.on_events: Callable[[list[KvEvent]], None] | None = None
-        # vLLM's lora_int_id: adapters numbered from 1 in the order this engine first serves them.
-        self.lora_ids: dict[str, int] = {}
         self._in_step = False
         self._pending_reset: bool | None = None
         self.stats = EngineStats()
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
-        self.running_loras: dict[str, int] = {}
-        self.waiting_loras: dict[str, int] = {}
-        # Adapters resident in the GPU's LoRA slots, least recently used first.
-        self.loaded_loras: dict[str, None] = {}
+        self.loras = LoraSlots(config.max_loras)
         self._wakeup = asyncio.Event()
 
     # -- requests -------------------------------------------------------------------------
@@ -70,8 +66,7 @@ class Engine:
         """Queue a request (FIFO) and wake the loop."""
         req.arrival = self.clock.now()
         self.waiting.append(req)
-        if req.lora is not None:
-            self.waiting_loras[req.lora] = self.waiting_loras.get(req.lora, 0) + 1
+        self.loras.queued(req.lora)
         self._wakeup.set()
 
     def abort(self, req: SimRequest) -> None:
@@ -83,7 +78,7 @@ class Engine:
             self._leave_running(req)
         else:
             self.waiting.remove(req)
-            self._leave_waiting(req)
+            self.loras.dequeued(req.lora)
         req.finish(FINISH_ABORT)
         self.stats.success_abort += 1
 
@@ -142,16 +137,12 @@ class Engine:
         cfg = self.config
         bs = cfg.block_size
         waiting = self.waiting
+        loras = self.loras
         skipped: list[SimRequest] = []
         lora_load_us = 0.0
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting[0]
-            lora = req.lora
-            if (
-                lora is not None
-                and lora not in self.running_loras
-                and len(self.running_loras) >= cfg.max_loras
-            ):
+            if loras.blocked(req.lora):
                 skipped.append(waiting.popleft())
                 continue
             # Never serve the whole prompt from cache: the last token must be computed to
@@ -163,7 +154,7 @@ class Engine:
             if not self.blocks.allocate(req.table, cached + new, prefix):
                 break
             waiting.popleft()
-            self._leave_waiting(req)
+            loras.dequeued(req.lora)
             req.num_computed = cached
             req.cached_blocks = len(prefix)
             if req.scheduled_at is None:
@@ -178,15 +169,8 @@ class Engine:
                 self.stats.oracle_hits += best * bs
             else:
                 self.stats.oracle_hits += cached
-            if lora is not None:
-                if lora in self.loaded_loras:
-                    del self.loaded_loras[lora]
-                else:
-                    lora_load_us += cfg.lora_load_ms * 1000.0
-                    if len(self.loaded_loras) >= cfg.max_loras:
-                        self._evict_lora()
-                self.loaded_loras[lora] = None
-                self.running_loras[lora] = self.running_loras.get(lora, 0) + 1
+            if loras.start(req.lora):
+                lora_load_us += cfg.lora_load_ms * 1000.0
             self.running.append(req)
             batch.append((req, new))
             budget -= new
@@ -195,41 +179,18 @@ class Engine:
             waiting.extendleft(reversed(skipped))
         return prefill_tokens, budget, lora_load_us
 
-    def _evict_lora(self) -> None:
-        """Free a LoRA slot: the least recently used adapter no running request needs."""
-        for name in self.loaded_loras:
-            if name not in self.running_loras:
-                del self.loaded_loras[name]
-                return
-
     def _preempt(self, req: SimRequest) -> None:
         """Recompute later: free the blocks and put the request back at the head of the queue."""
         self._leave_running(req)
         req.num_computed = 0
         req.cached_blocks = 0
         self.waiting.appendleft(req)
-        if req.lora is not None:
-            self.waiting_loras[req.lora] = self.waiting_loras.get(req.lora, 0) + 1
+        self.loras.queued(req.lora)
         self.stats.preemptions += 1
 
     def _leave_running(self, req: SimRequest) -> None:
         self.blocks.free(req.table)
-        lora = req.lora
-        if lora is not None:
-            left = self.running_loras[lora] - 1
-            if left:
-                self.running_loras[lora] = left
-            else:
-                del self.running_loras[lora]
-
-    def _leave_waiting(self, req: SimRequest) -> None:
-        lora = req.lora
-        if lora is not None:
-            left = self.waiting_loras[lora] - 1
-            if left:
-                self.waiting_loras[lora] = left
-            else:
-                del self.waiting_loras[lora]
+        self.loras.stop(req.lora)
 
     # -- committing -----------------------------------------------------------------------
 
@@ -248,7 +209,7 @@ class Engine:
             if req.cached_blocks < len(hashes):
                 full = min(req.num_computed // bs, len(hashes))
                 if full > req.cached_blocks:
-                    self._cache_blocks(req, hashes, req.table, req.cached_blocks, full)
+                    self._cache_blocks(req, hashes, req.cached_blocks, full)
                     req.cached_blocks = full
             if req.num_computed < req.prompt_len + req.generated:
                 continue  # a prefill chunk; no token yet
@@ -287,46 +248,17 @@ class Engine:
         self,
         req: SimRequest,
         hashes: Sequence[int],
-        table: list[int],
         start: int,
         end: int,
         ids: Sequence[int] | None = None,
     ) -> None:
-        """Cache blocks ``start..end-1`` of ``req`` (``hashes`` and ``ids`` cover at least that
-        far); with events on, one ``BlockStored`` per run of blocks that became cached."""
-        blocks = self.blocks
-        if blocks.events is None or req.token_ids is None:
-            for k in range(start, end):
-                blocks.cache(table[k], hashes[k])
-            return
+        """Cache blocks ``start..end-1`` of ``req`` (``hashes`` and ``ids``, its token ids unless
+        given, cover at least that far), announced as the request's adapter when events are on."""
+        blocks, lora = self.blocks, req.lora
         ids = req.token_ids if ids is None else ids
-        run = start
-        for k in range(start, end + 1):
-            if k < end and blocks.cache(table[k], hashes[k]):
-                continue
-            if k > run:
-                self._stored(req, hashes, ids, run, k)
-            run = k + 1
-
-    def _stored(
-        self, req: SimRequest, hashes: Sequence[int], ids: Sequence[int], start: int, end: int
-    ) -> None:
-        assert self.blocks.events is not None
-        bs = self.config.block_size
-        lora = req.lora
-        lora_id = None
-        if lora is not None:
-            lora_id = self.lora_ids.setdefault(lora, len(self.lora_ids) + 1)
-        self.blocks.events.append(
-            BlockStored(
-                block_hashes=tuple(hashes[start:end]),
-                parent=hashes[start - 1] if start else None,
-                token_ids=tuple(ids[start * bs : end * bs]),
-                block_size=bs,
-                lora_id=lora_id,
-                lora_name=lora,
-            )
-        )
+        announce = blocks.events is not None and ids is not None
+        lora_id = self.loras.id_of(lora) if announce and lora is not None else None
+        blocks.cache_run(req.table, hashes, start, end, ids, lora, lora_id)
 
     def _cache_generated(self, req: SimRequest) -> None:
         """Cache the finished request's full blocks past its prompt, as vLLM caches decode blocks:
@@ -341,8 +273,7 @@ class Engine:
         if req.token_ids is not None and self.token_ids is not None:
             ids = self.token_ids.extend(req.text, req.token_ids, reply)
             more = extend_id_hashes(ids, bs, req.lora, known, limit)
-            self._cache_blocks(req, (*known, *more), req.table, len(known), len(known) + len(more),
-                               ids)  # fmt: skip
+            self._cache_blocks(req, (*known, *more), len(known), len(known) + len(more), ids)
             return
         if req.text is None:
             return
@@ -354,8 +285,7 @@ class Engine:
 
     def _update_lora_info(self) -> None:
         # vLLM stamps the gauge with the wall time on every step.
-        label = (",".join(sorted(self.running_loras)), ",".join(sorted(self.waiting_loras)))
-        self.stats.set_lora_info(label[0], label[1], time.time())
+        self.stats.set_lora_info(*self.loras.label(), time.time())
 
     # -- prefix-cache reset and events -----------------------------------------------------
 
@@ -388,8 +318,7 @@ class Engine:
         self.blocks.events = None
         self.blocks.reset_prefix_cache()
         self.blocks.events = None if events is None else []
-        self.loaded_loras.clear()
-        self.lora_ids.clear()
+        self.loras.restart()
         self._pending_reset = None
 
     def flush_events(self) -> None:

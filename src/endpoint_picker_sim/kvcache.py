@@ -7,11 +7,12 @@ is only evicted (least recently freed first) when a request needs a fresh block 
 cached-but-unreferenced blocks as free.
 
 With ``events`` set to a list, the manager records what vLLM's block pool queues for KV-cache
-events: ``BlockRemoved`` for each evicted block, ``AllBlocksCleared`` on a prefix-cache reset.
-``BlockStored`` needs the request's token ids, so the engine records it (``cache`` says whether
-a block became cached). A hash is cached in one block at most: a block whose content another
-block already caches stays uncached and announces nothing (vLLM keeps such duplicates, and may
-then announce one hash twice and remove it while a copy remains; the simulator does not).
+events: ``BlockStored`` for each run of a request's blocks that became cached (``cache_run``,
+given the request's token ids and adapter), ``BlockRemoved`` for each evicted block,
+``AllBlocksCleared`` on a prefix-cache reset. A hash is cached in one block at most: a block
+whose content another block already caches stays uncached and announces nothing (vLLM keeps
+such duplicates, and may then announce one hash twice and remove it while a copy remains; the
+simulator does not).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from endpoint_picker_sim.kvevents import AllBlocksCleared, BlockRemoved, KvEvent
+from endpoint_picker_sim.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 
 class BlockManager:
@@ -121,6 +122,42 @@ class BlockManager:
             self._by_hash[block_hash] = block
             return True
         return False
+
+    def cache_run(
+        self,
+        table: Sequence[int],
+        hashes: Sequence[int],
+        start: int,
+        end: int,
+        token_ids: Sequence[int] | None = None,
+        lora_name: str | None = None,
+        lora_id: int | None = None,
+    ) -> None:
+        """``cache`` blocks ``start..end-1`` of a request's ``table`` (``hashes`` and
+        ``token_ids`` cover at least that far); recording events and given the token ids, one
+        ``BlockStored`` per run of blocks that became cached, in the request's adapter."""
+        events = self.events
+        if events is None or token_ids is None:
+            for k in range(start, end):
+                self.cache(table[k], hashes[k])
+            return
+        bs = self.block_size
+        run = start
+        for k in range(start, end + 1):
+            if k < end and self.cache(table[k], hashes[k]):
+                continue
+            if k > run:
+                events.append(
+                    BlockStored(
+                        block_hashes=tuple(hashes[run:k]),
+                        parent=hashes[run - 1] if run else None,
+                        token_ids=tuple(token_ids[run * bs : k * bs]),
+                        block_size=bs,
+                        lora_id=lora_id,
+                        lora_name=lora_name,
+                    )
+                )
+            run = k + 1
 
     def cached_hashes(self) -> set[int]:
         """Every content hash cached now (what a KV-event subscriber should hold)."""

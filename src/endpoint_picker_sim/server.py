@@ -323,8 +323,7 @@ class SimServer:
         if name not in self.adapters:
             raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
         del self.adapters[name]
-        if name not in self.engine.running_loras:
-            self.engine.loaded_loras.pop(name, None)
+        self.engine.loras.unload(name)
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:

@@ -24,7 +24,7 @@ from aiohttp import web
 from endpoint_picker.app import App
 from endpoint_picker.envoy_config import render
 from endpoint_picker.settings import OutlierSettings
-from tests.support.extproc import make_settings
+from tests.support.extproc import make_settings, started_app
 from tests.support.model_servers import free_port, vllm_metrics
 from tests.support.pool import model, pod, pool, pool_yaml
 
@@ -187,12 +187,8 @@ async def running_epp(
         )
     if outliers is not None:
         settings = replace(settings, outliers=outliers)
-    app = App(settings)
-    await app.start()
-    try:
+    async with started_app(settings) as app:
         yield app
-    finally:
-        await app.stop(drain_timeout=0.5)
 
 
 def add_subset_hint_filter(config_text: str) -> str:

@@ -10,11 +10,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from endpoint_picker.app import App
 from endpoint_picker.extproc.h2grpc import H2GrpcServer
 from endpoint_picker.settings import GrpcConnectionSettings
 from tests.e2e.harness import backends, e2e_pool, post, running_envoy
-from tests.support.extproc import make_settings
+from tests.support.extproc import make_settings, started_app
 
 pytestmark = pytest.mark.e2e
 
@@ -29,9 +28,7 @@ async def test_envoy_past_the_stream_limit_loses_those_requests_only(tmp_path: P
         settings = make_settings(tmp_path, e2e_pool(fleet), scraping=True)
         limits = GrpcConnectionSettings(max_streams_per_connection=4)
         server = replace(settings.server, connections=limits, secure_serving=True)
-        app = App(replace(settings, server=server))
-        await app.start()
-        try:
+        async with started_app(replace(settings, server=server)) as app:
             endpoints = [b.hostport for b in fleet]
             async with (
                 running_envoy(
@@ -55,5 +52,3 @@ async def test_envoy_past_the_stream_limit_loses_those_requests_only(tmp_path: P
                 assert all(r.status == 500 and b"endpoint picker" in r.body for r in refused)
                 assert first <= set(ext_proc.connections)  # not one connection was closed
                 assert (await post(session, envoy.url, {"model": "m", "prompt": "x"})).status == 200
-        finally:
-            await app.stop(drain_timeout=0.5)

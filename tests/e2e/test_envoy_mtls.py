@@ -14,7 +14,7 @@ import yaml
 from endpoint_picker.app import App
 from endpoint_picker.envoy_config import EnvoyConfigError, render
 from tests.e2e.harness import Backend, backends, e2e_pool, post, running_envoy
-from tests.support.extproc import make_settings
+from tests.support.extproc import make_settings, started_app
 from tests.support.pki import Pki, make_pki, with_mtls
 
 PAYLOAD = {"model": "m", "prompt": "hello"}
@@ -29,12 +29,8 @@ async def pool_backends() -> AsyncIterator[list[Backend]]:
 @contextlib.asynccontextmanager
 async def mtls_epp(tmp_path: Path, pki: Pki, pool_text: str) -> AsyncIterator[App]:
     """The EPP with a CA-signed server certificate, requiring client certificates."""
-    app = App(with_mtls(make_settings(tmp_path, pool_text), pki, tmp_path))
-    await app.start()
-    try:
+    async with started_app(with_mtls(make_settings(tmp_path, pool_text), pki, tmp_path)) as app:
         yield app
-    finally:
-        await app.stop(drain_timeout=0.5)
 
 
 @pytest.mark.e2e

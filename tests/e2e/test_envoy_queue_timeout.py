@@ -9,9 +9,8 @@ from pathlib import Path
 
 import aiohttp
 
-from endpoint_picker.app import App
 from tests.e2e.harness import backends, e2e_pool, post, running_envoy, wait_scraped
-from tests.support.extproc import make_settings
+from tests.support.extproc import make_settings, started_app
 from tests.support.model_servers import vllm_metrics
 
 CONFIG = """\
@@ -41,9 +40,7 @@ async def test_a_client_cannot_shorten_a_queued_wait_through_the_shipped_envoy(
         config.write_text(CONFIG)
         settings = make_settings(tmp_path, e2e_pool(servers), scraping=True)
         settings = replace(settings, scheduling=replace(settings.scheduling, config_file=config))
-        app = App(settings)
-        await app.start()
-        try:
+        async with started_app(settings) as app:
             await wait_scraped(app)
             async with (
                 running_envoy(
@@ -59,8 +56,6 @@ async def test_a_client_cannot_shorten_a_queued_wait_through_the_shipped_envoy(
                     headers={"x-envoy-expected-rq-timeout-ms": "200"},
                 )
                 waited = time.monotonic() - start
-        finally:
-            await app.stop(drain_timeout=0.5)
     assert reply.status == 503
     assert "timed out in queue" in reply.json["error"]["message"]
     assert waited >= 0.9

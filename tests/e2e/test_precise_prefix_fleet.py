@@ -17,8 +17,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from endpoint_picker.bench.fleet import FleetOptions
 from endpoint_picker.bench.model import WorkloadPlan
-from endpoint_picker.bench.stacks import FleetOptions, RunningStack, parse_targets, running_stack
+from endpoint_picker.bench.stacks import RunningStack, parse_targets, running_stack
 from endpoint_picker.bench.tokenizer import build_tokenizer
 from endpoint_picker_sim.tokenizer import generate_text
 from tests.support.kvevents import free_port

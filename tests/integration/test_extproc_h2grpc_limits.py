@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from grpc_health.v1 import health_pb2
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from hyperframe.frame import Frame, GoAwayFrame, PingFrame
-from tests.support.extproc import body, error_of, headers, make_settings
+from tests.support.extproc import body, error_of, headers, make_settings, started_app
 from tests.support.h2client import (
     GRPC_HEADERS,
     OneAnswer,
@@ -28,6 +27,7 @@ from tests.support.h2client import (
     serving,
     trailers,
 )
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
@@ -44,12 +44,6 @@ NO_KEEPALIVE = GrpcConnectionSettings(keepalive_time=0, max_connection_idle=0)
 
 def sample(app: App, name: str) -> float:
     return app.metrics.registry.get_sample_value(name, {}) or 0.0
-
-
-async def until(check: Callable[[], bool], within: float = 3.0) -> None:
-    async with asyncio.timeout(within):
-        while not check():  # noqa: ASYNC110 (polls state that has no event)
-            await asyncio.sleep(0.01)
 
 
 def big_answer(size: int) -> pb.ProcessingResponse:
@@ -243,9 +237,7 @@ async def test_a_peer_gone_silent_loses_its_connection_and_its_streams_release_w
     settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
     limits = GrpcConnectionSettings(keepalive_time=0.2, keepalive_timeout=0.2)
     server = replace(settings.server, ext_proc_server="h2", connections=limits)
-    app = App(replace(settings, server=server))
-    await app.start()
-    try:
+    async with started_app(replace(settings, server=server)) as app:
         client = await raw_client(app.ports.ext_proc)
         await client.settled()
         client.open_stream(1, PROCESS, headers().SerializeToString(), end=False)
@@ -260,8 +252,6 @@ async def test_a_peer_gone_silent_loses_its_connection_and_its_streams_release_w
         assert sample(app, BUFFERED) == 0
         assert not app._ext_server.connections  # type: ignore[union-attr]
         client.writer.close()
-    finally:
-        await app.stop(drain_timeout=0.5)
 
 
 async def test_a_connection_without_streams_for_the_idle_time_is_closed_gracefully() -> None:

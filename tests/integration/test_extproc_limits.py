@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from tests.support.extproc import (
     make_settings,
     running_app,
 )
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
@@ -41,14 +41,6 @@ def limited(tmp_path: Path, **server: Any) -> Settings:
 
 def sample(app: App, name: str, **labels: str) -> float:
     return app.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-async def until(check: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.01)
 
 
 def buffered(app: App) -> float:

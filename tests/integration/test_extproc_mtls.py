@@ -11,7 +11,15 @@ from pathlib import Path
 import grpc
 import pytest
 import pytest_asyncio
-from tests.support.extproc import Client, body, headers, json_body, lb_metadata, make_settings
+from tests.support.extproc import (
+    Client,
+    body,
+    headers,
+    json_body,
+    lb_metadata,
+    make_settings,
+    started_app,
+)
 from tests.support.pki import KeyPair, Pki, make_pki, with_mtls
 from tests.support.pool import model, pod, pool, pool_yaml
 
@@ -32,12 +40,10 @@ def pki() -> Pki:
 
 @pytest_asyncio.fixture
 async def mtls_app(tmp_path: Path, pki: Pki) -> AsyncIterator[App]:
-    app = App(with_mtls(make_settings(tmp_path, POOL), pki, tmp_path))
-    await app.start()
-    try:
+    async with started_app(
+        with_mtls(make_settings(tmp_path, POOL), pki, tmp_path), drain_timeout=0.2
+    ) as app:
         yield app
-    finally:
-        await app.stop(drain_timeout=0.2)
 
 
 def channel(app: App, ca: bytes, client: KeyPair | None) -> grpc.aio.Channel:

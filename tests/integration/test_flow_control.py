@@ -23,6 +23,7 @@ from tests.support.extproc import (
     running_app,
 )
 from tests.support.model_servers import FakeModelServer, fake_model_servers, vllm_metrics
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
@@ -66,13 +67,6 @@ def flow_settings(
         scrape=replace(settings.scrape, refresh_interval=0.02, staleness_threshold=2.0),
         scheduling=replace(settings.scheduling, config_file=config),
     )
-
-
-async def until(check, within: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

@@ -3,7 +3,6 @@ server in process (both ext_proc stacks)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from tests.support.extproc import (
     make_settings,
     running_app,
 )
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
@@ -34,13 +34,6 @@ async def health(client: Client, method: str = "GET") -> pb.ImmediateResponse:
     (out,) = await client.exchange([headers("/health", method=method, end_of_stream=True)])
     assert out.HasField("immediate_response"), out
     return out.immediate_response
-
-
-async def until(check: object, within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "not true in time"
-        await asyncio.sleep(0.02)
 
 
 def errors_counted(app: App) -> float:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tests.support.extproc import Client, body, headers, json_body, lb_metadata
+from tests.support.extproc import Client, body, headers, json_body, lb_metadata, started_app
 from tests.support.kubeapi import FakeKubeApi, serve_kube_api
 from tests.support.metrics_auth import kubernetes_settings
 from tests.support.model_servers import fake_model_servers
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool
 
 from endpoint_picker.app import App
@@ -67,14 +67,6 @@ async def route_forever(client: Client, out: list[Routed], worker: int) -> None:
         out.append(Routed(sent, lb_metadata(reply[0])))
 
 
-async def wait_until(check: Callable[[], bool], within: float) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not check():
-        assert loop.time() < deadline, f"not true within {within}s"
-        await asyncio.sleep(0.01)
-
-
 async def test_pods_come_and_go_under_traffic(tmp_path: Path) -> None:
     """Ready only after the first sync; no request goes to a pod after its deletion (or loss of
     readiness) was served to the watch, beyond one scrape interval; a new pod gets traffic."""
@@ -83,12 +75,10 @@ async def test_pods_come_and_go_under_traffic(tmp_path: Path) -> None:
         api.put(model("base", criticality="Critical"))
         for i, server in enumerate(servers[:3]):
             api.put(pod(f"p{i}", server.address))
-        app = App(settings_for(api, tmp_path))
-        await app.start()
-        try:
+        async with started_app(settings_for(api, tmp_path), drain_timeout=0.2) as app:
             assert await readiness(app.ports.health) == health_pb2.HealthCheckResponse.NOT_SERVING
             api.put(pool(port=port))  # the pool appears: the first full sync can complete
-            await wait_until(lambda: app.health.ready, within=2)
+            await until(lambda: app.health.ready, within=2)
             assert await readiness(app.ports.health) == health_pb2.HealthCheckResponse.SERVING
 
             loop = asyncio.get_running_loop()
@@ -97,13 +87,13 @@ async def test_pods_come_and_go_under_traffic(tmp_path: Path) -> None:
                 client = Client(channel)
                 workers = [asyncio.create_task(route_forever(client, routed, w)) for w in range(4)]
                 try:
-                    await wait_until(lambda: len(routed) >= 40, within=5)
+                    await until(lambda: len(routed) >= 40, within=5)
                     api.delete(pod("p1", servers[1].address))
                     deleted_at = loop.time()
                     await asyncio.sleep(0.5)
                     api.put(pod("p3", servers[3].address))
                     added_at = loop.time()
-                    await wait_until(
+                    await until(
                         lambda: any(r.endpoint == servers[3].hostport for r in routed), within=1
                     )
                     api.put(pod("p0", servers[0].address, ready=False))
@@ -114,8 +104,6 @@ async def test_pods_come_and_go_under_traffic(tmp_path: Path) -> None:
                     for worker in workers:
                         worker.cancel()
                     await asyncio.gather(*workers, return_exceptions=True)
-        finally:
-            await app.stop(drain_timeout=0.2)
 
     assert {r.endpoint for r in routed if r.at < deleted_at} <= {s.hostport for s in servers[:3]}
     late_to_p1 = [r for r in routed if r.at > deleted_at + SCRAPE_INTERVAL]
@@ -133,18 +121,14 @@ async def test_watch_reconnects_while_serving(tmp_path: Path) -> None:
         api.put(pool(port=servers[0].port))
         api.put(model("base"))
         api.put(pod("p0", servers[0].address))
-        app = App(settings_for(api, tmp_path))
-        await app.start()
-        try:
+        async with started_app(settings_for(api, tmp_path), drain_timeout=0.2) as app:
             assert app.kubernetes is not None
             await asyncio.wait_for(app.kubernetes.synced.wait(), 2)
             api.drop()
             api.expire()
             api.put(pod("p1", servers[1].address))
-            await wait_until(lambda: len(app.datastore.endpoints) == 2, within=2)
+            await until(lambda: len(app.datastore.endpoints) == 2, within=2)
             assert app.health.ready
-        finally:
-            await app.stop(drain_timeout=0.2)
 
 
 async def test_leader_election_only_the_leader_is_ready(tmp_path: Path) -> None:
@@ -165,7 +149,7 @@ async def test_leader_election_only_the_leader_is_ready(tmp_path: Path) -> None:
         settings = replace(base, pool=replace(base.pool, kubernetes=kubernetes))
         first, second = App(settings), App(settings)
         await first.start()
-        await wait_until(lambda: first.health.ready, within=3)
+        await until(lambda: first.health.ready, within=3)
         await second.start()
         stopped_first = False
         try:
@@ -184,7 +168,7 @@ async def test_leader_election_only_the_leader_is_ready(tmp_path: Path) -> None:
             assert lease["spec"]["holderIdentity"] == first.elector.identity
             await first.stop(drain_timeout=0.1)
             stopped_first = True
-            await wait_until(lambda: second.health.ready, within=1)
+            await until(lambda: second.health.ready, within=1)
         finally:
             if not stopped_first:
                 await first.stop(drain_timeout=0.1)
@@ -208,13 +192,13 @@ async def test_worker_processes_follow_the_kubernetes_source(tmp_path: Path) -> 
         try:
             assert await readiness(app.ports.health) == health_pb2.HealthCheckResponse.NOT_SERVING
             api.put(pool(port=servers[0].port))
-            await wait_until(lambda: app.health.ready, within=5)
+            await until(lambda: app.health.ready, within=5)
             routed: list[Routed] = []
             async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ports.ext_proc}") as channel:
                 client = Client(channel)
                 task = asyncio.create_task(route_forever(client, routed, 0))
                 try:
-                    await wait_until(lambda: len(routed) >= 30, within=10)
+                    await until(lambda: len(routed) >= 30, within=10)
                     assert {r.endpoint for r in routed} <= {s.hostport for s in servers}
                     api.delete(pod("p1", servers[1].address))
                     deleted_at = asyncio.get_running_loop().time()

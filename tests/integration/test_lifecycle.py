@@ -9,9 +9,17 @@ import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tests.support.extproc import body, headers, json_body, lb_metadata, make_settings, running_app
+from tests.support.extproc import (
+    body,
+    headers,
+    json_body,
+    lb_metadata,
+    make_settings,
+    running_app,
+    started_app,
+)
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
-from tests.unit.metrics.metrics_builders import until
 
 from endpoint_picker.app import App
 from endpoint_picker.extproc.tls import self_signed_certificate
@@ -100,16 +108,14 @@ async def test_health_serving_when_loaded_not_serving_while_draining(
     tmp_path: Path, service: str
 ) -> None:
     """Readiness names are SERVING once loaded, NOT_SERVING when unready; liveness stays."""
-    app = App(make_settings(tmp_path, pool_yaml(pool(), pod("a", "127.0.0.2"))))
-    await app.start()
-    try:
+    async with started_app(
+        make_settings(tmp_path, pool_yaml(pool(), pod("a", "127.0.0.2"))), drain_timeout=0.2
+    ) as app:
         assert await _health(app.ports.health, service) == SERVING
         assert await _health(app.ports.ext_proc, service) == SERVING
         await app.health.set_ready(False)  # what stop() does first
         assert await _health(app.ports.health, service) == NOT_SERVING
         assert await _health(app.ports.health, "liveness") == SERVING
-    finally:
-        await app.stop(drain_timeout=0.2)
 
 
 async def test_tls_ext_proc_with_generated_certificate(tmp_path: Path) -> None:
@@ -123,9 +129,7 @@ async def test_tls_ext_proc_with_generated_certificate(tmp_path: Path) -> None:
     settings = replace(
         settings, server=replace(settings.server, secure_serving=True, cert_path=tmp_path)
     )
-    app = App(settings)
-    await app.start()
-    try:
+    async with started_app(settings, drain_timeout=0.2) as app:
         credentials = grpc.ssl_channel_credentials(root_certificates=cert)
         async with grpc.aio.secure_channel(
             f"127.0.0.1:{app.ports.ext_proc}",
@@ -141,8 +145,6 @@ async def test_tls_ext_proc_with_generated_certificate(tmp_path: Path) -> None:
             out = [r async for r in call]
         assert lb_metadata(out[0]) == "127.0.0.2:8000"
         assert await _health(app.ports.health, "") == SERVING
-    finally:
-        await app.stop(drain_timeout=0.2)
 
 
 async def test_drain_finishes_open_streams_refuses_new_ones_and_reports_not_serving(

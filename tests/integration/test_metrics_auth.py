@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from cryptography import x509
 from structlog.testing import capture_logs
-from tests.support.extproc import make_settings, running_app
+from tests.support.extproc import make_settings, running_app, started_app
 from tests.support.kubeapi import serve_kube_api
 from tests.support.metrics_auth import (
     DATA_PATHS,
@@ -154,14 +154,12 @@ async def test_metrics_endpoint_auth_false_opens_the_port(tmp_path: Path) -> Non
         api.put(pool(port=8000))
         settings = kubernetes_settings(api, tmp_path, "--metrics-endpoint-auth=false")
         assert settings.server.metrics_endpoint.auth is MetricsAuth.OFF
-        app = App(settings)
-        await app.start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                url = f"http://127.0.0.1:{app.ports.metrics}/metrics"
-                assert (await get(session, url))[0] == 200
-        finally:
-            await app.stop(drain_timeout=0)
+        async with (
+            started_app(settings, drain_timeout=0) as app,
+            aiohttp.ClientSession() as session,
+        ):
+            url = f"http://127.0.0.1:{app.ports.metrics}/metrics"
+            assert (await get(session, url))[0] == 200
     assert api.reviews == 0
 
 

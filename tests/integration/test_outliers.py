@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import grpc
 import orjson
-from tests.integration.test_flow_control import IDLE, flow_app, until
+from tests.integration.test_flow_control import IDLE, flow_app
 from tests.integration.test_flow_control import request as flow_request
 from tests.support.extproc import (
     Client,
@@ -26,6 +26,7 @@ from tests.support.extproc import (
     response_headers,
     running_app,
 )
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tests.integration.test_flow_control import IDLE, scraped, until
+from tests.integration.test_flow_control import IDLE, scraped
 from tests.support.extproc import body, headers, json_body, lb_metadata, make_settings, running_app
 from tests.support.model_servers import fake_model_servers
+from tests.support.polling import until
 from tests.support.pool import model, pod, pool, pool_yaml
 
 # each test runs on both gRPC stacks of the ext_proc port (tests/integration/conftest.py)

@@ -171,14 +171,25 @@ def make_settings(
 
 
 @contextlib.asynccontextmanager
-async def running_app(settings: Settings, **app_kwargs: Any) -> AsyncIterator[tuple[App, Client]]:
+async def started_app(
+    settings: Settings, *, drain_timeout: float = 0.5, **app_kwargs: Any
+) -> AsyncIterator[App]:
+    """An in-process EPP, started, and stopped with ``drain_timeout`` however the block ends."""
     app = App(settings, **app_kwargs)
     await app.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ports.ext_proc}") as channel:
-            yield app, Client(channel)
+        yield app
     finally:
-        await app.stop(drain_timeout=0.5)
+        await app.stop(drain_timeout=drain_timeout)
+
+
+@contextlib.asynccontextmanager
+async def running_app(settings: Settings, **app_kwargs: Any) -> AsyncIterator[tuple[App, Client]]:
+    async with (
+        started_app(settings, **app_kwargs) as app,
+        grpc.aio.insecure_channel(f"127.0.0.1:{app.ports.ext_proc}") as channel,
+    ):
+        yield app, Client(channel)
 
 
 # -- an EPP over a fleet of fake model servers, on a clock the test moves ---------------------

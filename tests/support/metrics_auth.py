@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from endpoint_picker.app import App
 from endpoint_picker.cli import build_parser, settings_from_args
 from endpoint_picker.settings import MetricsAuth, Settings
+from tests.support.extproc import started_app
 from tests.support.kubeapi import FakeKubeApi, serve_kube_api, write_kubeconfig
 from tests.support.pool import model, pod, pool
 
@@ -59,11 +59,7 @@ async def kubernetes_epp(
         api.put(pod("p0", "127.0.8.2"))
         settings = kubernetes_settings(api, tmp_path, *flags)
         assert settings.server.metrics_endpoint.auth is MetricsAuth.KUBERNETES
-        app = App(settings)
-        await app.start()
-        try:
+        async with started_app(settings, drain_timeout=0) as app:
             assert app.kubernetes is not None
             await asyncio.wait_for(app.kubernetes.synced.wait(), 5)
             yield api, f"http://127.0.0.1:{app.ports.metrics}"
-        finally:
-            await app.stop(drain_timeout=0)

@@ -24,7 +24,14 @@ from endpoint_picker.errors import (
 )
 from endpoint_picker.scheduling import build_scheduling
 from endpoint_picker.settings import SchedulingSettings
-from endpoint_picker.types import Criticality, MetricsSnapshot
+from endpoint_picker.types import (
+    EMPTY_METRICS,
+    Criticality,
+    Endpoint,
+    EndpointState,
+    MetricsSnapshot,
+    SubsetHint,
+)
 
 NOW = 100.0
 
@@ -133,6 +140,21 @@ def test_subset_hint_restricts_candidates(subset: list[str], allowed: set[str]) 
         assert (
             director.route("r", "/v1/completions", completion("m"), subset).endpoints[0] in allowed
         )
+
+
+def test_a_parsed_subset_hint_selects_by_address_or_hostport_and_keeps_what_did_not_parse() -> None:
+    """The hint parsed once: a bare address admits its every port, ``ip:port`` that port (IPv6
+    canonical), the pool's order stays, and entries that are neither are kept aside."""
+    hint = SubsetHint.parse(["127.0.0.4", "[0:0::1]:80", "127.0.0.2:8000", "junk", "10.0.0.1:0x1"])
+    assert hint.malformed == ("junk", "10.0.0.1:0x1")
+    states = [
+        EndpointState(Endpoint(f"p{i}", "ns", address, port), EMPTY_METRICS)
+        for i, (address, port) in enumerate(
+            [("127.0.0.4", 9000), ("127.0.0.2", 8001), ("::1", 80), ("127.0.0.2", 8000),
+             ("127.0.0.4", 8000), ("::1", 81)]
+        )
+    ]  # fmt: skip
+    assert [s.endpoint.pod_name for s in hint.select(states)] == ["p0", "p2", "p3", "p4"]
 
 
 @pytest.mark.parametrize("subset", [[], ["127.0.0.9:8000"], ["127.0.0.2:9999"]])

@@ -233,9 +233,10 @@ def _list_workloads() -> int:
 
 
 def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from endpoint_picker.bench.fleet import FleetOptions
     from endpoint_picker.bench.model import BenchError
     from endpoint_picker.bench.run import RunOptions, run
-    from endpoint_picker.bench.stacks import FleetOptions, parse_targets
+    from endpoint_picker.bench.stacks import parse_targets
 
     rates = args.rates or ((args.rate,) if args.rate else None)
     if rates is None:

@@ -16,16 +16,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from endpoint_picker.bench.pods import ready_pods
+from endpoint_picker.bench.pods import pool_file_text
 
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 LONE_ADDRESSES = tuple(f"127.0.9.{i + 2}" for i in range(4))  # never answer: nothing scrapes
-_API = "inference.networking.x-k8s.io/v1alpha2"
 _LABELS = {"app": "vllm"}
 
 
@@ -69,20 +67,12 @@ def pool_text(
 ) -> str:
     """A pool file: an InferencePool on ``port``, one InferenceModel ``model`` (with its
     ``criticality`` and traffic split ``targets`` if given), a Ready Pod per address."""
-    meta = {"namespace": "default"}
-    spec: dict[str, Any] = {"modelName": model, "poolRef": {"name": "pool"}}
+    spec: dict[str, Any] = {"modelName": model}
     if criticality:
         spec["criticality"] = criticality
     if targets:
         spec["targetModels"] = [{"name": n, "weight": w} for n, w in targets.items()]
-    docs: list[dict[str, Any]] = [
-        {"apiVersion": _API, "kind": "InferencePool", "metadata": {"name": "pool", **meta},
-         "spec": {"selector": _LABELS, "targetPortNumber": port}},
-        {"apiVersion": _API, "kind": "InferenceModel", "metadata": {"name": "model", **meta},
-         "spec": spec},
-    ]  # fmt: skip
-    docs += ready_pods(addresses, _LABELS, meta["namespace"], "p")
-    return yaml.safe_dump_all(docs, sort_keys=False)
+    return pool_file_text("pool", _LABELS, port, {"model": spec}, addresses, "p")
 
 
 @contextlib.asynccontextmanager

@@ -24,9 +24,10 @@ import endpoint_picker.bench.envoytiming as envoytiming
 import endpoint_picker.bench.report as report
 import endpoint_picker.bench.stats as stats
 import endpoint_picker.bench.workloads as workloads
+from endpoint_picker.bench.fleet import FleetOptions
 from endpoint_picker.bench.fleetwatch import FleetWatch
 from endpoint_picker.bench.model import BenchError, FleetObservation, TargetResult, WorkloadPlan
-from endpoint_picker.bench.stacks import FleetOptions, StackSpec, check_fleet, running_stack
+from endpoint_picker.bench.stacks import StackSpec, check_fleet, running_stack
 from endpoint_picker.bench.tokenizer import build_tokenizer
 
 

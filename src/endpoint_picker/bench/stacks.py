@@ -1,4 +1,4 @@
-"""A fresh local stack per target: the simulated fleet, and what routes to it.
+"""A fresh local stack per target: the simulated fleet (``fleet``), and what routes to it.
 
 ``running_stack(spec, fleet, plan, work_dir)`` starts one target's child processes, waits until
 each answers, yields a ``RunningStack`` and stops them all on exit (SIGTERM, then SIGKILL after
@@ -24,9 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import ipaddress
-import json
-import math
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,8 +36,9 @@ import yaml
 from endpoint_picker import envoy_config
 from endpoint_picker.bench import envoytiming, peers
 from endpoint_picker.bench.envoy_direct import render_direct
+from endpoint_picker.bench.fleet import KV_EVENTS_PORT, FleetOptions
 from endpoint_picker.bench.model import BenchError, WorkloadPlan
-from endpoint_picker.bench.pods import ready_pods
+from endpoint_picker.bench.pods import pool_file_text
 from endpoint_picker.bench.processes import (
     Child,
     Children,
@@ -53,112 +51,10 @@ from endpoint_picker.bench.targets import StackSpec, find_envoy, parse_targets
 from endpoint_picker.datastore.decode import OBJECTIVE_P95_KEY
 
 STARTUP_TIMEOUT = 60.0  # seconds for a whole stack to come up
-FLEET_ADDRESS = "127.0.0.2"  # the first simulated server; the others take the next addresses
-# With --kv-events each simulated server publishes on <its address>:KV_EVENTS_PORT (vLLM's
-# default port) and replays on the next port, topic kv@<its address>@<base model>; with
-# --kv-events-endpoint every server connects there instead (the subscriber binds it).
-KV_EVENTS_PORT = 5557
 FRONT_ADDRESS = "127.0.0.1"  # Envoy, the EPP and the routers
 _EPP_CLUSTER = "endpoint_picker"  # the ext_proc cluster's name in deploy/envoy/templates
 PRECISE_SCORER = "precise-prefix-cache-scorer"  # subscribes to the fleet's KV-cache events
 _PYTHON = (sys.executable, "-m", "endpoint_picker")
-
-
-@dataclass(frozen=True, slots=True)
-class FleetOptions:
-    """The simulated fleet of every stack (``epp sim`` flags; ``None``: the simulator's default).
-
-    ``servers`` run in one ``epp sim`` process on consecutive addresses from ``FLEET_ADDRESS``.
-    ``extra_args`` are appended to the ``epp sim`` command line as they are.
-    """
-
-    servers: int = 4
-    profile: str | None = None
-    num_gpu_blocks: int | None = None
-    max_num_seqs: int | None = None
-    max_loras: int | None = None
-    time_scale: float = 1.0
-    # 8 tokens per SSE chunk after the first (the first comes at once, so TTFT is exact):
-    # a chunk per token costs the fleet, Envoy and the client several times the CPU, which this
-    # 2-core machine does not have (docs/sim.md)
-    stream_interval: int | None = 8
-    # One GPU speed factor per server (``epp sim --server-speeds``); None: all 1.0.
-    server_speeds: tuple[float, ...] | None = None
-    # A tokenizer.json for the fleet (``epp sim --tokenizer``); None: the approximate tokenizer.
-    tokenizer: str | None = None
-    # Publish vLLM's KV-cache events (``epp sim --kv-events-port KV_EVENTS_PORT``), in this wire.
-    kv_events: bool = False
-    kv_events_wire: str = "current"
-    kv_events_endpoint: str | None = None  # connect mode: the one endpoint every server dials
-    extra_args: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.servers <= 200:  # 127.0.0.2 .. 127.0.0.201
-            raise BenchError(f"--servers must be in 1..200: {self.servers}")
-        if self.time_scale <= 0:
-            raise BenchError(f"--time-scale must be positive: {self.time_scale}")
-        endpoint = self.kv_events_endpoint
-        if endpoint is not None and (not endpoint.startswith("tcp://") or "*" in endpoint):
-            raise BenchError(f"--kv-events-endpoint must be tcp://HOST:PORT: {endpoint!r}")
-        speeds = self.server_speeds
-        if speeds is not None:
-            if len(speeds) != self.servers:
-                raise BenchError(
-                    f"--server-speeds has {len(speeds)} factor(s) for {self.servers} server(s)"
-                )
-            if not all(0 < s < math.inf for s in speeds):
-                raise BenchError(f"--server-speeds factors must be positive and finite: {speeds}")
-
-    def sim_args(self, plan: WorkloadPlan, port: int) -> list[str]:
-        """The words after ``epp sim`` for a fleet serving ``plan``'s models on ``port``."""
-        args = ["--servers", str(self.servers), "--address", FLEET_ADDRESS, "--port", str(port),
-                "--model", plan.base_model]  # fmt: skip
-        if plan.adapters:
-            args += ["--lora-modules", *plan.adapters]
-        optional = {
-            "--profile": self.profile,
-            "--num-gpu-blocks": self.num_gpu_blocks,
-            "--max-num-seqs": self.max_num_seqs,
-            "--max-loras": self._max_loras(plan),
-            "--stream-interval": self.stream_interval,
-            "--server-speeds": (
-                None if self.server_speeds is None else ",".join(map(str, self.server_speeds))
-            ),
-            "--tokenizer": self.tokenizer,
-            "--kv-events-port": (
-                KV_EVENTS_PORT if self.kv_events and not self.kv_events_endpoint else None
-            ),
-            "--kv-events-config": self._kv_events_config(plan),
-            "--kv-events-wire": self.kv_events_wire if self.kv_events else None,
-        }
-        for flag, value in optional.items():
-            if value is not None:
-                args += [flag, str(value)]
-        return [*args, "--time-scale", str(self.time_scale), *self.extra_args]
-
-    def _kv_events_config(self, plan: WorkloadPlan) -> str | None:
-        """Connect mode, as llm-d deploys it: every pod dials one endpoint the subscriber binds."""
-        if not self.kv_events or not self.kv_events_endpoint:
-            return None
-        return json.dumps({
-            "enable_kv_cache_events": True, "publisher": "zmq",
-            "endpoint": self.kv_events_endpoint,
-            "replay_endpoint": f"tcp://*:{KV_EVENTS_PORT + 1}",
-            "topic": f"kv@${{POD_IP}}@{plan.base_model}",
-        })  # fmt: skip
-
-    def _max_loras(self, plan: WorkloadPlan) -> int | None:
-        """``max_loras``, or, for a plan whose criticality classes are adapters
-        (``mixed-criticality``), a slot for each: slot contention would otherwise drown the
-        criticality effect that workload is about."""
-        if self.max_loras is None and plan.criticality:
-            return max(3, len(plan.adapters))
-        return self.max_loras
-
-    def addresses(self) -> list[str]:
-        """Each server's address, as ``epp sim --servers N --address FLEET_ADDRESS`` binds them."""
-        first = ipaddress.IPv4Address(FLEET_ADDRESS)
-        return [str(first + i) for i in range(self.servers)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,25 +84,17 @@ def pool_file(plan: WorkloadPlan, addresses: Sequence[str], port: int) -> str:
         raise BenchError(
             f"criticality or objective given for models the fleet does not serve: {unknown}"
         )
-    api, meta = "inference.networking.x-k8s.io/v1alpha2", {"namespace": "default"}
-    labels = {"app": "bench-sim", "inference.networking.k8s.io/engine-type": "vllm"}
-    docs: list[dict[str, Any]] = [
-        {"apiVersion": api, "kind": "InferencePool", "metadata": {"name": "bench", **meta},
-         "spec": {"selector": {"app": "bench-sim"}, "targetPortNumber": port}},
-    ]  # fmt: skip
-    models: list[dict[str, Any]] = [
-        {"apiVersion": api, "kind": "InferenceModel", "metadata": {"name": f"model-{i}", **meta},
-         "spec": {"modelName": name, "criticality": plan.criticality.get(name, "Critical"),
-                  "poolRef": {"name": "bench"}}}
-        for i, name in enumerate(served)
-    ]  # fmt: skip
-    for doc in models:
-        seconds = plan.objectives.get(doc["spec"]["modelName"])
+    selector = {"app": "bench-sim"}
+    labels = {**selector, "inference.networking.k8s.io/engine-type": "vllm"}
+    models: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(served):
+        spec: dict[str, Any] = {"modelName": name,
+                                "criticality": plan.criticality.get(name, "Critical")}  # fmt: skip
+        seconds = plan.objectives.get(name)
         if seconds is not None:
-            doc["spec"]["objective"] = {OBJECTIVE_P95_KEY: f"{seconds * 1000:g}ms"}
-    docs += models
-    docs += ready_pods(addresses, labels, meta["namespace"], "sim-")
-    return yaml.safe_dump_all(docs, sort_keys=False)
+            spec["objective"] = {OBJECTIVE_P95_KEY: f"{seconds * 1000:g}ms"}
+        models[f"model-{i}"] = spec
+    return pool_file_text("bench", labels, port, models, addresses, "sim-", selector)
 
 
 @contextlib.asynccontextmanager
@@ -433,10 +321,8 @@ def _more_epps(text: str, epp_ports: Sequence[int]) -> str:
 
 
 __all__ = [
-    "KV_EVENTS_PORT",
     "PRECISE_SCORER",
     "STARTUP_TIMEOUT",
-    "FleetOptions",
     "RunningStack",
     "StackSpec",
     "check_fleet",

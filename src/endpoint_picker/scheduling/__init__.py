@@ -7,7 +7,8 @@ and then, per request, ``SaturationDetector.is_saturated`` and ``Scheduler.sched
                              staleness_threshold=s.scrape.staleness_threshold)
     result = parts.scheduler.schedule(request, candidates)   # result.endpoints, best first
 
-Modules: ``framework`` (protocols, profile runner, scheduler), ``registry`` (plugin types),
+Modules: ``framework`` (the plugins' protocols), ``scheduler`` (profile runner, scheduler),
+``registry`` (plugin types),
 ``config`` (the YAML format), ``build`` (config -> parts), ``saturation``, ``plugins/``.
 """
 
@@ -28,10 +29,7 @@ from endpoint_picker.scheduling.framework import (
     Picker,
     Preparer,
     ProfileHandler,
-    Scheduler,
     SchedulerObserver,
-    SchedulerProfile,
-    SchedulingResult,
     Scorer,
 )
 from endpoint_picker.scheduling.registry import Params, PluginContext, PluginRegistry
@@ -42,6 +40,7 @@ from endpoint_picker.scheduling.saturation import (
     SaturationDetector,
     room_finder,
 )
+from endpoint_picker.scheduling.scheduler import Scheduler, SchedulerProfile, SchedulingResult
 
 __all__ = [
     "EndpointPickerConfig",

@@ -28,18 +28,13 @@ from endpoint_picker.scheduling.config import (
 )
 from endpoint_picker.scheduling.framework import (
     CandidateHints,
-    CycleRecord,
     Filter,
     HintedFilter,
     Picker,
-    PluginRef,
     Preparer,
     ProfileHandler,
-    Scheduler,
     SchedulerObserver,
-    SchedulerProfile,
     Scorer,
-    WeightedScorer,
 )
 from endpoint_picker.scheduling.lifecycle import (
     InFlight,
@@ -53,6 +48,13 @@ from endpoint_picker.scheduling.plugins.precise import SHARED_KEY as KV_EVENTS
 from endpoint_picker.scheduling.predictor import LatencyPredictor
 from endpoint_picker.scheduling.registry import PluginContext, PluginRegistry
 from endpoint_picker.scheduling.saturation import SaturationDetector
+from endpoint_picker.scheduling.scheduler import (
+    CycleRecord,
+    PluginRef,
+    Scheduler,
+    SchedulerProfile,
+    WeightedScorer,
+)
 from endpoint_picker.settings import SchedulingSettings, ScrapeSettings
 
 DEFAULT_PICKER = "max-score-picker"

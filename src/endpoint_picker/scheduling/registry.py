@@ -13,6 +13,7 @@ import random
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Self
 
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.scheduling.lifecycle import InFlight
@@ -187,6 +188,19 @@ def _bounds_text(minimum: float | None, maximum: float | None) -> str:
 
 
 PluginFactory = Callable[[str, Params, PluginContext], object]
+
+
+class NoParams:
+    """A plugin that takes no parameters: its factory builds it as it is (any key given is
+    reported as unknown, as for every plugin)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> Self:
+        return cls()
+
+
 """Builds one plugin from its name, parameters and context."""
 
 

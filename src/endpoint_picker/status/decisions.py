@@ -5,7 +5,7 @@ Two writers, both on the request path, both cheap:
 - ``record``, the scheduler's sink: each routed cycle arrives as a ``CycleRecord`` tuple of
   references the cycle built anyway (the request id, model names, the primary profile, the
   endpoints it chose and, for one cycle every 20 ms, its running score sums: see
-  ``scheduling.framework``), kept as it is unless a client string in it is long;
+  ``scheduling.scheduler``), kept as it is unless a client string in it is long;
 - ``rejected`` is called by the ext_proc stream when it answers an error (status, the
   message the client got, the model when it was known).
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from endpoint_picker.errors import CLIP_CHARS, ErrorCode, kept, shown
-from endpoint_picker.scheduling.framework import CycleRecord
+from endpoint_picker.scheduling.scheduler import CycleRecord
 from endpoint_picker.types import EndpointState
 
 DEFAULT_SIZE = 50
@@ -120,7 +120,7 @@ def _describe(item: CycleRecord | Refusal) -> dict[str, Any]:
         "runnerUp": None,
         "error": None,
     }
-    if cycle is None:  # not sampled (see scheduling.framework.SCORES_INTERVAL)
+    if cycle is None:  # not sampled (see scheduling.scheduler.SCORES_INTERVAL)
         return described
     endpoints, sums = cycle
     described["passedFilters"] = len(endpoints)

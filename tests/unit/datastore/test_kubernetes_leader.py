@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from tests.support.kubeapi import FakeKubeApi, serve_kube_api, write_kubeconfig
+from tests.support.polling import until
 
 from endpoint_picker.datastore.sources.kubernetes import LeaderElector, build_client
 from endpoint_picker.settings import KubernetesSettings
@@ -27,14 +28,6 @@ class Candidate:
     elector: LeaderElector
     task: asyncio.Task[None]
     changes: list[bool]
-
-
-async def eventually(check: Callable[[], bool], within: float) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not check():
-        assert loop.time() < deadline, f"not true within {within}s"
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -69,14 +62,14 @@ async def candidates(
 async def test_one_leader_and_takeover_after_the_lease_expires(tmp_path: Path) -> None:
     """One replica leads; when it stops renewing, another takes over after the lease duration."""
     async with candidates(tmp_path, 2) as (api, (a, b)):
-        await eventually(lambda: a.elector.leader, within=2)
+        await until(lambda: a.elector.leader, within=2)
         await asyncio.sleep(0.5)
         assert not b.elector.leader
         assert api.objects[LEASES][("default", "epp")]["spec"]["holderIdentity"] == "replica-0"
         a.task.cancel()  # a crash: no release
         loop = asyncio.get_running_loop()
         stopped = loop.time()
-        await eventually(lambda: b.elector.leader, within=3)
+        await until(lambda: b.elector.leader, within=3)
         assert loop.time() - stopped >= 0.8  # waited for the lease to run out
         assert b.changes == [True]
         lease = api.objects[LEASES][("default", "epp")]["spec"]
@@ -87,10 +80,10 @@ async def test_one_leader_and_takeover_after_the_lease_expires(tmp_path: Path) -
 async def test_release_hands_over_at_the_next_look(tmp_path: Path) -> None:
     """A leader that releases (a graceful stop) is replaced within a retry period or two."""
     async with candidates(tmp_path, 2) as (_, (a, b)):
-        await eventually(lambda: a.elector.leader, within=2)
+        await until(lambda: a.elector.leader, within=2)
         await a.elector.release()
         assert a.changes == [True, False]
-        await eventually(lambda: b.elector.leader, within=0.5)
+        await until(lambda: b.elector.leader, within=0.5)
         await asyncio.sleep(0.3)
         assert not a.elector.leader  # released for good: it never competes again
 
@@ -98,9 +91,9 @@ async def test_release_hands_over_at_the_next_look(tmp_path: Path) -> None:
 async def test_leader_that_cannot_renew_steps_down(tmp_path: Path) -> None:
     """A leader whose renewals fail for longer than the renew deadline stops leading."""
     async with candidates(tmp_path, 1) as (api, (a,)):
-        await eventually(lambda: a.elector.leader, within=2)
+        await until(lambda: a.elector.leader, within=2)
         api.served.discard(LEASES)  # every lease request now fails
-        await eventually(lambda: not a.elector.leader, within=2)
+        await until(lambda: not a.elector.leader, within=2)
         assert a.changes == [True, False]
         api.served.add(LEASES)
-        await eventually(lambda: a.elector.leader, within=2)
+        await until(lambda: a.elector.leader, within=2)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod as KubePod
 from tests.support.kubeapi import FakeKubeApi, serve_kube_api, write_kubeconfig
+from tests.support.polling import until
 from tests.support.pool import V1, model, objective, pod, pool
 
 from endpoint_picker.datastore import Datastore
@@ -85,13 +86,8 @@ async def running(
 
 
 async def eventually(check: Callable[[], bool], within: float = 1.0) -> None:
-    """Wait until ``check()`` holds, failing after ``within`` seconds (the issue's bound)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"not true within {within}s")
-        await asyncio.sleep(0.01)
+    """``until`` within the issue's bound: the watch shows a change within a second."""
+    await until(check, within)
 
 
 MODELS = ("inference.networking.x-k8s.io/v1alpha2", "inferencemodels")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -151,13 +150,3 @@ class MetricsServer:
 
     def endpoint(self, engine: str | None = None) -> Endpoint:
         return endpoint(self.host, self.port, engine)
-
-
-async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    """Poll ``predicate`` until it holds; fail after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {within} s")
-        await asyncio.sleep(0.01)

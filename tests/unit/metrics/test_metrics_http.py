@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from tests.unit.metrics.metrics_builders import until, vllm_fixture
+from tests.support.polling import until
+from tests.unit.metrics.metrics_builders import vllm_fixture
 
 from endpoint_picker.metrics.http import HttpClient, ScrapeError
 

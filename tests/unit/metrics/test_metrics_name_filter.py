@@ -14,7 +14,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from structlog.testing import capture_logs
-from tests.unit.metrics.metrics_builders import MetricsServer, until, vllm_page
+from tests.support.polling import until
+from tests.unit.metrics.metrics_builders import MetricsServer, vllm_page
 from tests.unit.metrics.test_metrics_scraper import FAST, Recorder
 
 from endpoint_picker.metrics.engines import BUILTIN_ENGINES, EngineMetricNames, parse_specs

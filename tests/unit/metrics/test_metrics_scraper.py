@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
+from tests.support.polling import until
 from tests.unit.metrics.metrics_builders import (
     endpoint,
     sglang_page,
-    until,
     vllm_fixture,
     vllm_page,
 )

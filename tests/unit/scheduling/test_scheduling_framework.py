@@ -10,8 +10,8 @@ from tests.unit.scheduling.builders import build, endpoint, request
 from endpoint_picker.errors import InternalError
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling import Scheduler, SchedulerProfile
-from endpoint_picker.scheduling.framework import PluginRef, WeightedScorer
 from endpoint_picker.scheduling.plugins import SingleProfileHandler
+from endpoint_picker.scheduling.scheduler import PluginRef, WeightedScorer
 from endpoint_picker.types import EndpointState
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from endpoint_picker.bench.fleet import FleetOptions
 from endpoint_picker.bench.model import BenchError, WorkloadPlan
 from endpoint_picker.bench.soak.load import ADAPTERS, BASE_MODEL, Client, Mix, Tally, ms
 from endpoint_picker.bench.soak.options import (
@@ -24,7 +25,7 @@ from endpoint_picker.bench.soak.options import (
 )
 from endpoint_picker.bench.soak.sampler import Sampler
 from endpoint_picker.bench.soak.verdict import failed, report
-from endpoint_picker.bench.stacks import FleetOptions, RunningStack, StackSpec, running_stack
+from endpoint_picker.bench.stacks import RunningStack, StackSpec, running_stack
 from endpoint_picker.bench.stats import percentile
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Self
 
 from endpoint_picker.requests import LLMRequest
-from endpoint_picker.scheduling.registry import Params, PluginContext
+from endpoint_picker.scheduling.registry import NoParams, Params, PluginContext
 from endpoint_picker.types import EndpointState
 
 
@@ -104,14 +104,10 @@ class WeightedRandomPicker(_Picker):
 # -- profile handlers: which profiles run for a request, and whose result answers it ------------
 
 
-class SingleProfileHandler:
+class SingleProfileHandler(NoParams):
     """Runs the only profile once; its result is the answer (the build checks there is one)."""
 
     __slots__ = ()
-
-    @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> SingleProfileHandler:
-        return cls()
 
     def pick_profiles(
         self,

@@ -9,7 +9,7 @@ from endpoint_picker.errors import kept
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.lifecycle import Finished, Routed, remember
 from endpoint_picker.scheduling.placement import RingWalk
-from endpoint_picker.scheduling.registry import Params, PluginContext
+from endpoint_picker.scheduling.registry import NoParams
 from endpoint_picker.types import EndpointState, is_base_model
 
 _RECENT_ENDPOINTS = 8  # per adapter, where its requests went lately
@@ -25,48 +25,34 @@ def _min_max_inverted(values: Sequence[float]) -> list[float]:
     return [1.0 - (v - low) / spread for v in values]
 
 
-class QueueScorer:
+class QueueScorer(NoParams):
     """Prefers short waiting queues: the min-max normalised queue size, inverted."""
 
     __slots__ = ()
-
-    @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> QueueScorer:
-        return cls()
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         return _min_max_inverted([e.metrics.waiting_queue_size for e in endpoints])
 
 
-class RunningRequestsSizeScorer:
+class RunningRequestsSizeScorer(NoParams):
     """Prefers endpoints running fewer requests: min-max normalised, inverted."""
 
     __slots__ = ()
-
-    @classmethod
-    def from_params(
-        cls, name: str, params: Params, ctx: PluginContext
-    ) -> RunningRequestsSizeScorer:
-        return cls()
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         return _min_max_inverted([e.metrics.running_requests for e in endpoints])
 
 
-class KVCacheUtilizationScorer:
+class KVCacheUtilizationScorer(NoParams):
     """Prefers free KV cache: ``1 - usage`` (the runner clamps usage reported above 1)."""
 
     __slots__ = ()
-
-    @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> KVCacheUtilizationScorer:
-        return cls()
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         return [1.0 - e.metrics.kv_cache_usage for e in endpoints]
 
 
-class LoraAffinityScorer:
+class LoraAffinityScorer(NoParams):
     """Prefers endpoints where the request's adapter (``target_model``) is cheap to serve.
 
     In this precedence: the adapter is running (1.0); else a free adapter slot, counting
@@ -100,10 +86,6 @@ class LoraAffinityScorer:
         # adapter requests scored but not yet routed
         self._recent: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
         self._scored: OrderedDict[str, str] = OrderedDict()
-
-    @classmethod
-    def from_params(cls, name: str, params: Params, ctx: PluginContext) -> LoraAffinityScorer:
-        return cls()
 
     def preferred(self, request: LLMRequest, ring: RingWalk) -> Iterable[str]:
         recent = self._recent.get(kept(request.target_model))
