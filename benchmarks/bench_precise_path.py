@@ -53,8 +53,8 @@ def _pct(values: list[float], q: float) -> float:
 def _line(name: str, values: list[float]) -> str:
     if not values:
         return f"  {name}: none"
-    return (f"  {name}: p50 {_pct(values, 0.5):.2f} ms, p90 {_pct(values, 0.9):.2f} ms "
-            f"({len(values)})")  # fmt: skip
+    return (f"  {name}: p50 {_pct(values, 0.5):.2f} ms, p90 {_pct(values, 0.9):.2f} ms, "
+            f"p99 {_pct(values, 0.99):.2f} ms ({len(values)})")  # fmt: skip
 
 
 def _scorer(model_path: Path, store: bool) -> PrecisePrefixCacheScorer:
@@ -64,6 +64,14 @@ def _scorer(model_path: Path, store: bool) -> PrecisePrefixCacheScorer:
     return PrecisePrefixCacheScorer(
         hub, tokenizer, max_pending=2, store=PrefixStore() if store else None
     )
+
+
+async def _lag(until: float, out: list[float]) -> None:
+    """How late a 1 ms sleep wakes: what any request arriving then would wait."""
+    while time.monotonic() < until:
+        start = time.perf_counter()
+        await asyncio.sleep(0.001)
+        out.append(max(0.0, time.perf_counter() - start - 0.001))
 
 
 async def _busy_loop(ms: float, until: float) -> None:
@@ -107,6 +115,8 @@ async def _run(args: argparse.Namespace, model_path: Path, store: bool) -> None:
     scorer = _scorer(model_path, store)
     until = time.monotonic() + args.requests / args.rate + 5
     busy = asyncio.create_task(_busy_loop(args.loop_busy, until)) if args.loop_busy else None
+    lags: list[float] = []
+    lag = asyncio.create_task(_lag(until, lags))
     results: dict[str, list[float]] = {}
     for i in range(args.requests):
         prompt = rng.choice(systems) + text.text(f"\nQuestion {i}: ", 50)
@@ -125,6 +135,8 @@ async def _run(args: argparse.Namespace, model_path: Path, store: bool) -> None:
         await asyncio.sleep(rng.expovariate(args.rate))
     if busy is not None:
         busy.cancel()
+    lag.cancel()
+    results["loop lag (a 1 ms sleep's oversleep)"] = lags
     print("with the prefix store (on the loop, never waiting):" if store else
           "without the prefix store (a thread, waited for):")  # fmt: skip
     for name, values in results.items():

@@ -74,10 +74,13 @@ Encode = Callable[[str, bool], tuple[Tokens, "array[int]"]]
 
 @dataclass(frozen=True, slots=True)
 class Tokenized:
-    """A prompt's token ids, all of them (``complete``) or its leading ones only."""
+    """A prompt's token ids, all of them (``complete``) or its leading ones only; ``store``:
+    whether the caller should tokenize it whole and ``add`` it (its continuation past the
+    stored chunks was seen before)."""
 
     ids: array[int]
     complete: bool
+    store: bool = False
 
 
 EMPTY = Tokens(array(TOKEN_ARRAY), array(TOKEN_ARRAY), array(TOKEN_ARRAY))
@@ -129,20 +132,33 @@ def splice(stored: Tokens, fresh: Tokens, matched: int) -> tuple[int, int] | Non
 class PrefixStore:
     """Chunks of text -> the tokens that end in them, LRU, at most ``max_chunks``."""
 
-    __slots__ = ("_chunks", "_key", "chunk_chars", "hits", "max_chunks", "misses")
+    __slots__ = ("_chunks", "_keyed", "_seen", "chunk_chars", "hits", "max_chunks", "misses")
 
     def __init__(self, chunk_chars: int = 256, max_chunks: int = 32_768) -> None:
         if chunk_chars <= GUARD + OVERLAP:
             raise ValueError(f"chunk_chars must be over {GUARD + OVERLAP}")
         self.chunk_chars = chunk_chars
         self.max_chunks = max_chunks
-        self._key = os.urandom(32)
+        self._keyed = blake2b(key=os.urandom(32), digest_size=16)  # copied per hash
         self._chunks: OrderedDict[bytes, Tokens] = OrderedDict()
+        self._seen: OrderedDict[bytes, None] = OrderedDict()  # the doorkeeper, LRU
         self.hits = 0  # prompts that found a stored prefix (counted by ``tokenize``'s caller)
         self.misses = 0
 
     def __len__(self) -> int:
         return len(self._chunks)
+
+    def _second_sight(self, key: bytes) -> bool:
+        """Whether a prompt went on past the stored chunks with this chunk (``key``) before:
+        a prefix seen once is not worth tokenizing whole (most prompts never come again: it
+        would double the tokenizing), one seen twice is (a doorkeeper, as TinyLFU's)."""
+        if key in self._seen:
+            del self._seen[key]
+            return True
+        self._seen[key] = None
+        if len(self._seen) > self.max_chunks:
+            self._seen.popitem(last=False)
+        return False
 
     def keys(self, root: str, text: str) -> list[bytes]:
         """The chained keys of ``text``'s full chunks, from ``root`` (the tokenizer and its
@@ -150,30 +166,34 @@ class PrefixStore:
         return self._chain(self._root(root), text, 0)
 
     def _root(self, root: str) -> bytes:
-        return blake2b(
-            root.encode("utf-8", "surrogatepass"), key=self._key, digest_size=16
-        ).digest()
+        state = self._keyed.copy()
+        state.update(root.encode("utf-8", "surrogatepass"))
+        return state.digest()
 
     def _chain(self, digest: bytes, text: str, first: int) -> list[bytes]:
-        size, key = self.chunk_chars, self._key
+        size, fresh = self.chunk_chars, self._keyed.copy
         out: list[bytes] = []
         for start in range(first * size, len(text) - size + 1, size):
-            chunk = text[start : start + size].encode("utf-8", "surrogatepass")
-            digest = blake2b(digest + chunk, key=key, digest_size=16).digest()
+            state = fresh()
+            state.update(digest)
+            state.update(text[start : start + size].encode("utf-8", "surrogatepass"))
+            digest = state.digest()
             out.append(digest)
         return out
 
     def lookup(self, root: str, text: str) -> tuple[list[bytes], list[Tokens]]:
         """The keys of ``text``'s leading chunks, up to and with the first one not stored,
         and the stored ones' tokens (each chunk's); keys are hashed only as far as found."""
-        size, key = self.chunk_chars, self._key
+        size, fresh = self.chunk_chars, self._keyed.copy
         digest = self._root(root)
         keys: list[bytes] = []
         found: list[Tokens] = []
         chunks = self._chunks
         for start in range(0, len(text) - size + 1, size):
-            chunk = text[start : start + size].encode("utf-8", "surrogatepass")
-            digest = blake2b(digest + chunk, key=key, digest_size=16).digest()
+            state = fresh()
+            state.update(digest)
+            state.update(text[start : start + size].encode("utf-8", "surrogatepass"))
+            digest = state.digest()
             keys.append(digest)
             tokens = chunks.get(digest)
             if tokens is None:
@@ -233,7 +253,7 @@ class PrefixStore:
                     ids += stored.ids[:k]
                     if end < len(text):
                         ids += fresh.ids[j : bisect_right(fresh.ends, end - GUARD)]
-                        return Tokenized(ids, False)
+                        return Tokenized(ids, False, self._second_sight(keys[-1]))
                     ids += fresh.ids[j:]
                     keys += self._chain(keys[-1], text, len(keys))  # the chunks not hashed
                     self.add(keys, fresh.tail(j), held)
@@ -244,4 +264,5 @@ class PrefixStore:
             self.add(self.keys(root, text), tokens)
             return Tokenized(tokens.ids + after, True)
         tokens, _ = encode(text[:budget], special)
-        return Tokenized(tokens.before(budget - GUARD).ids, False)
+        first = keys[-1] if keys else self._root(root)
+        return Tokenized(tokens.before(budget - GUARD).ids, False, self._second_sight(first))

@@ -73,7 +73,8 @@ def test_shared_prefixes_tokenize_exactly_as_whole_prompts(
 
 def test_past_the_budget_only_right_leading_tokens(byte_level: ModelTokenizer) -> None:
     """A prompt whose untokenized part exceeds the budget gets its leading tokens only, each
-    one as tokenizing the whole prompt gives it; storing the whole then completes the next."""
+    one as tokenizing the whole prompt gives it; the second time, the caller is told to store
+    it whole; storing it then completes the next."""
     rng = random.Random(3)
     store = PrefixStore(chunk_chars=128, max_chunks=10_000)
     for _ in range(30):
@@ -81,6 +82,9 @@ def test_past_the_budget_only_right_leading_tokens(byte_level: ModelTokenizer) -
         whole = byte_level.tokenizer.encode(prompt).ids
         out = store.tokenize(byte_level.encode_tokens, "r", prompt, True, 600, byte_level.appended)
         assert not out.complete
+        assert not out.store  # seen once
+        out = store.tokenize(byte_level.encode_tokens, "r", prompt, True, 600, byte_level.appended)
+        assert out.store  # seen twice: worth tokenizing whole
         assert 0 < len(out.ids) < len(whole)
         assert list(out.ids) == whole[: len(out.ids)]
         assert byte_level.encode_tokens(prompt[: 600 - GUARD], True)[0].ends[-1] <= 600

@@ -192,18 +192,22 @@ def test_a_stored_prefix_is_scored_at_once_and_exactly(tokenizer_path: Path) -> 
 async def test_a_miss_scores_its_leading_blocks_and_is_stored_off_the_loop(
     tokenizer_path: Path,
 ) -> None:
-    """A long prompt never seen is scored at once on its leading blocks (those that
-    tokenizing it whole gives), and a thread stores it whole for the next request."""
+    """A long prompt not stored is scored at once on its leading blocks (those that
+    tokenizing it whole gives); the second time its prefix comes, a thread stores it whole,
+    and the third is scored on all its blocks."""
     scorer = scorer_of(STORE, tokenizer_path)
     tok = Tokenizer.from_file(str(tokenizer_path))
     system = " ".join(WORDS * 60)
-    first, second = (completion(system + f" question {i}") for i in range(2))
+    first, again, second = (completion(system + f" question {i}") for i in range(3))
     holder = endpoint()
     held = len(tok.encode(system).ids) // 4 - 2
     stored_prompt(scorer, tok, system, held, holder.endpoint.address)
     assert scorer.prepare(first) is None
     (score,) = scorer.score(first, [holder])
     assert score == 1.0  # the leading blocks it knows: all held
+    assert scorer._pending == 0  # seen once: not worth tokenizing whole yet
+    assert scorer.prepare(again) is None
+    assert scorer.score(again, [holder]) == [1.0]
     assert scorer._pending == 1
     for _ in range(200):
         await asyncio.sleep(0.005)

@@ -29,9 +29,13 @@ Parameter names follow llm-d's scorer where they exist (``tokenProcessorConfig``
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
@@ -57,6 +61,7 @@ class PrecisePrefixCacheScorer:
     __slots__ = (
         "_cache",
         "_cached_blocks",
+        "_filler",
         "_inline_bytes",
         "_max_blocks",
         "_max_cached",
@@ -90,6 +95,7 @@ class PrecisePrefixCacheScorer:
         self._pending = 0
         self._store = store
         self._memo = BlockMemo(self.index.hasher)  # on the loop only (the store's path)
+        self._filler: ThreadPoolExecutor | None = None
         # request key -> (chain root, block keys, whether only the prompt's leading blocks)
         self._cache: OrderedDict[bytes, tuple[int, tuple[int, ...], bool]] = OrderedDict()
         self._cached_blocks = 0
@@ -215,7 +221,7 @@ class PrecisePrefixCacheScorer:
                              self._inline_bytes, model.appended)  # fmt: skip
         keys = tuple(self._memo.chain(root, out.ids, self._max_blocks))
         self._keep(key, root, keys, partial=not out.complete)
-        if not out.complete:
+        if out.store:
             self._fill(prompt, store)
 
     def _fill(self, prompt: Prompt, store: PrefixStore) -> None:
@@ -246,7 +252,14 @@ class PrecisePrefixCacheScorer:
                 return
             store.add(*future.result())
 
-        loop.run_in_executor(None, work, True).add_done_callback(done)
+        loop.run_in_executor(self._thread(), work, True).add_done_callback(done)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        """The thread that tokenizes whole prompts for the store, at a lower CPU priority:
+        on a busy machine, storing a prompt for later requests yields to serving this one."""
+        if self._filler is None:
+            self._filler = ThreadPoolExecutor(1, "precise-tokenize", initializer=_lower_priority)
+        return self._filler
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> list[float]:
         key = self._tokenizer.key(request) if self._tokenizer else None
@@ -285,6 +298,16 @@ class PrecisePrefixCacheScorer:
         while self._cached_blocks > self._max_cached:
             _, (_, dropped, _) = self._cache.popitem(last=False)
             self._cached_blocks -= _cost(dropped)
+
+
+FILL_NICENESS = 10  # added to the tokenizing thread's nice value (Linux: per thread)
+
+
+def _lower_priority() -> None:
+    """Lower the calling thread's CPU priority, where the OS allows it per thread (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + FILL_NICENESS)
 
 
 def _cost(keys: tuple[int, ...]) -> int:
