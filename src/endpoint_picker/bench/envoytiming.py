@@ -9,6 +9,9 @@ request, keyed by the ``x-bench-index`` header the client sends (``INDEX_HEADER`
 - **to client**: from the first byte of the server's response to the first byte sent to the
   client (``US_RX_BEG`` -> ``DS_TX_BEG``): for ``epp``, the response headers' ext_proc round trip.
 
+The server that served it (``%UPSTREAM_HOST%``) ends the line, for analysis
+(``upstream_hosts``; ``benchmarks/bench_groups.py`` follows each prefix group's servers).
+
 The client's time to first token includes both, on top of the server's own time. The peer
 routers are their own proxies, with no Envoy to ask: they get no figures.
 """
@@ -26,7 +29,8 @@ from endpoint_picker.types import ascii_int
 
 _FORMAT = (
     f"%REQ({INDEX_HEADER.upper()})% %COMMON_DURATION(DS_RX_END:US_TX_BEG:us)% "
-    "%COMMON_DURATION(US_RX_BEG:DS_TX_BEG:us)% %COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)%\n"
+    "%COMMON_DURATION(US_RX_BEG:DS_TX_BEG:us)% %COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)% "
+    "%UPSTREAM_HOST%\n"
 )
 FLUSH_MS = 100  # Envoy's access-log flush interval (its default, 10 s, would outlast a run)
 _HCM = "envoy.filters.network.http_connection_manager"
@@ -65,9 +69,9 @@ def read_timing(path: Path, indexes: Collection[int]) -> RouterTiming | None:
     client: list[float] = []
     for line in lines:
         fields = line.split()
-        if len(fields) != 4 or _micros(fields[0]) not in wanted:
+        if len(fields) not in (4, 5) or _micros(fields[0]) not in wanted:
             continue
-        after_end, to_client, after_start = (_micros(f) for f in fields[1:])
+        after_end, to_client, after_start = (_micros(f) for f in fields[1:4])
         if after_start is None or to_client is None:
             continue  # never went upstream, or no response came back
         # "-" after the end with a time after the start: the upstream request began while the
@@ -77,6 +81,22 @@ def read_timing(path: Path, indexes: Collection[int]) -> RouterTiming | None:
     if not upstream:
         return None
     return RouterTiming(len(upstream), _quantiles(upstream), _quantiles(client))
+
+
+def upstream_hosts(path: Path) -> dict[int, str]:
+    """Each logged request's server (``host:port``), by its index; requests that never went
+    upstream are left out."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    out: dict[int, str] = {}
+    for line in lines:
+        fields = line.split()
+        index = _micros(fields[0]) if len(fields) == 5 else None
+        if index is not None and fields[4] != "-":
+            out[index] = fields[4]
+    return out
 
 
 def _micros(text: str) -> int | None:
@@ -114,4 +134,4 @@ def _ms(values: tuple[float, float, float]) -> str:
     return " / ".join(f"{v * 1e3:.2f}" for v in values)
 
 
-__all__ = ["read_timing", "timing_table", "with_access_log"]
+__all__ = ["read_timing", "timing_table", "upstream_hosts", "with_access_log"]

@@ -45,13 +45,14 @@ MAX_ADAPTERS = 1024  # LoRA names remembered (from events), to root a request's 
 class BlockHasher:
     """The EPP's chained block hashes: 8 bytes of keyed BLAKE2b per block, as ints."""
 
-    __slots__ = ("_key", "block_size")
+    __slots__ = ("_key", "_keyed", "block_size")
 
     def __init__(self, block_size: int, seed: str = "") -> None:
         if block_size < 1:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
         self._key = blake2b(seed.encode("utf-8", "surrogatepass"), digest_size=32).digest()
+        self._keyed = blake2b(key=self._key, digest_size=8)
 
     def root(self, adapter: str | None) -> int:
         """The hash a chain starts from: the LoRA adapter's name, or the base model's ""."""
@@ -72,14 +73,16 @@ class BlockHasher:
         blocks = len(tokens) // self.block_size
         if max_blocks is not None:
             blocks = min(blocks, max_blocks)
-        key = self._key
+        fresh = self._keyed.copy  # a keyed state copied: no key setup per block
         out: list[int] = []
         digest = parent.to_bytes(8, "big")
         for i in range(blocks):
-            chunk = data[i * step : (i + 1) * step]
+            state = fresh()
+            state.update(digest)
+            state.update(data[i * step : (i + 1) * step])
             if taints is not None and taints[i]:
-                chunk += b"\0extra\0" + taints[i]
-            digest = blake2b(digest + chunk, key=key, digest_size=8).digest()
+                state.update(b"\0extra\0" + taints[i])
+            digest = state.digest()
             out.append(int.from_bytes(digest))
         return out
 

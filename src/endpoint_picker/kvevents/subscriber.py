@@ -13,11 +13,9 @@ connects):
   (messages from an IP not in the pool are ignored).
 
 Each publisher numbers its messages from 0. A gap (a message lost to a full queue, a dropped
-connection) is repaired by asking the publisher's replay socket (``replay_port``: a ROUTER; the
-request is ``[b"", start-seq as 8 bytes big-endian]`` from a DEALER, the answer
-``[b"", seq, payload]`` per buffered message and ``[b"", -1 as 8 signed bytes, b""]`` at the end;
-a publisher that puts the topic before ``seq``, as the simulator's current wire does, is read too)
-or, without one, by dropping that pod's view and rebuilding it from the events that follow.
+connection) is repaired by asking the publisher's replay socket (``replay_port``,
+``kvevents.replay``) or, without one, by dropping that pod's view and rebuilding it from the
+events that follow.
 The first message from a pod asks the replay socket for everything from 0 (what the publisher
 still buffers); a sequence number that goes back means the publisher restarted (an empty cache).
 A message that does not decode is logged and counted and treated as a gap. With
@@ -40,12 +38,12 @@ from zmq.utils.monitor import parse_monitor_message
 
 from endpoint_picker.errors import KVEventsError, clip
 from endpoint_picker.kvevents.index import BlockIndex
+from endpoint_picker.kvevents.replay import Replay
 from endpoint_picker.kvevents.wire import Message, decode_batch, split_frames
 from endpoint_picker.types import Endpoint
 
 log = structlog.get_logger(__name__)
 
-END_SEQ = -1  # the replay answer's last frame, as vLLM sends it (signed)
 MESSAGES_PER_TURN = 64  # messages handled before the loop is let go for other work
 
 
@@ -370,43 +368,28 @@ class KVEventsHub:
         """Ask the pod's replay socket for ``start`` on and apply those before ``until``;
         True when every one of them came (``anywhere``: the first may come later)."""
         host = f"[{pod}]" if ":" in pod else pod
-        url = f"tcp://{host}:{self.config.replay_port}"
         sock = self._socket(zmq.DEALER)
-        expected = start
+        replay = Replay(start, until, anywhere=anywhere)
         try:
-            sock.connect(url)
-            await sock.send_multipart([b"", start.to_bytes(8, "big")])
-            deadline = self._clock() + self.config.replay_timeout
-            for _ in range(self.config.max_replay_messages + 1):
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    break
-                frames = await asyncio.wait_for(sock.recv_multipart(), remaining)
-                if len(frames) == 4 and not frames[0]:
-                    del frames[1]  # the topic, which newer publishers put before seq
-                if len(frames) != 3 or frames[0] or len(frames[1]) != 8:
-                    raise KVEventsError(f"a replay answer is [b'', (topic,) seq, payload], got "
-                                        f"{len(frames)} frames")  # fmt: skip
-                seq = int.from_bytes(frames[1], "big", signed=True)
-                if seq == END_SEQ:
-                    break
-                if seq < expected or seq >= until:
-                    continue
-                if seq > expected and not (anywhere and expected == start):
-                    break  # the buffer no longer has them, or a hole in the answer
-                if len(frames[2]) > self.config.max_message_bytes:
-                    raise KVEventsError(f"replayed payload of {len(frames[2])} bytes")
-                expected = seq + 1
-                if not self._apply(pod, feed, Message("", seq, bytes(frames[2]))):
-                    return False
+            sock.connect(f"tcp://{host}:{self.config.replay_port}")
+            applied = await replay.run(
+                sock,
+                lambda seq, payload: self._apply(pod, feed, Message("", seq, payload)),
+                seconds=self.config.replay_timeout,
+                max_messages=self.config.max_replay_messages,
+                max_bytes=self.config.max_message_bytes,
+                clock=self._clock,
+            )
+            if not applied:
+                return False
         except (TimeoutError, KVEventsError, zmq.ZMQError) as exc:
             self._error("replay", "KV events replay failed", pod=pod, error=str(exc))
         finally:
             sock.close(linger=0)
         feed.dup_floor = start
-        complete = expected == until or (anywhere and expected > start)
-        log.info("KV events replayed", pod=pod, start=start, until=until, complete=complete)
-        return complete
+        log.info("KV events replayed", pod=pod, start=start, until=until,
+                 complete=replay.complete)  # fmt: skip
+        return replay.complete
 
     def _error(self, kind: str, message: str, **fields: object) -> None:
         log.warning(message, **fields)

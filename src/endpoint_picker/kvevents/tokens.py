@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.kvevents.prefixstore import Tokens, from_encoding
 from endpoint_picker.kvevents.wire import TOKEN_ARRAY
 from endpoint_picker.requests import Api, LLMRequest
 
@@ -39,7 +41,7 @@ log = structlog.get_logger(__name__)
 POOL_WIDE = ""  # the model name of a tokenizer given for every model of the pool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ModelTokenizer:
     """One model's tokenizer and, when it has one, its chat template."""
 
@@ -70,6 +72,37 @@ class ModelTokenizer:
         else:
             encoding = self.tokenizer.encode(text, add_special_tokens=special)
         return array(TOKEN_ARRAY, encoding.ids)
+
+    def encode_tokens(
+        self, text: str, special: bool, off_loop: bool = False
+    ) -> tuple[Tokens, array[int]]:
+        """``text``'s tokens with their offsets, and the special tokens a post-processor
+        appended after them (for the prefix store)."""
+        if off_loop:
+            (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=special)
+        else:
+            encoding = self.tokenizer.encode(text, add_special_tokens=special)
+        return from_encoding(encoding, len(text))
+
+    @cached_property
+    def appended(self) -> array[int]:
+        """The special tokens the tokenizer appends after a text (an EOS; usually none)."""
+        return self.encode_tokens("a", special=True)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A request's prompt text, the tokenizer it goes through and whether that adds special
+    tokens (a completion's prompt: yes; a rendered chat template holds them already)."""
+
+    model: ModelTokenizer
+    text: str
+    special: bool
+
+    @property
+    def root(self) -> str:
+        """What the prefix store keys this prompt's chunks from."""
+        return f"{self.model.source}\0{int(self.special)}"
 
 
 def _raise(message: str) -> None:
@@ -171,9 +204,9 @@ class PromptTokenizer:
         digest.update(request.target_model.encode("utf-8", "surrogatepass"))
         return digest.digest()
 
-    def tokens(self, request: LLMRequest, off_loop: bool = False) -> array[int] | None:
-        """The prompt's token ids; None when the request has none to find. ``off_loop``: on a
-        thread beside the event loop (the encoder then lets go of the GIL)."""
+    def prompt(self, request: LLMRequest) -> Prompt | array[int] | None:
+        """The text the server will tokenize (chat requests rendered through the template),
+        or the prompt's token ids when it gives them; None when it has none to find."""
         model = self.tokenizer(request.target_model)
         if model is None:
             return None
@@ -181,7 +214,7 @@ class PromptTokenizer:
         if request.api is Api.COMPLETIONS:
             prompt = body.get("prompt")
             if isinstance(prompt, str):
-                return model.encode(prompt, special=True, off_loop=off_loop)
+                return Prompt(model, prompt, special=True)
             ids = _token_ids(prompt)
             return array(TOKEN_ARRAY, ids) if ids else None
         if request.api is not Api.CHAT_COMPLETIONS:
@@ -191,13 +224,21 @@ class PromptTokenizer:
             text = "\n".join(
                 str(m.get("content", "")) for m in body.get("messages") or () if isinstance(m, dict)
             )
-            return model.encode(text, special=True, off_loop=off_loop)
+            return Prompt(model, text, special=True)
         try:
             text = model.render(body)
         except (TemplateError, TypeError, ValueError) as exc:
             log.debug("chat template failed; no tokens", error=str(exc)[:200])
             return None
-        return model.encode(text, special=False, off_loop=off_loop)
+        return Prompt(model, text, special=False)
+
+    def tokens(self, request: LLMRequest, off_loop: bool = False) -> array[int] | None:
+        """The prompt's token ids; None when the request has none to find. ``off_loop``: on a
+        thread beside the event loop (the encoder then lets go of the GIL)."""
+        prompt = self.prompt(request)
+        if prompt is None or isinstance(prompt, array):
+            return prompt
+        return prompt.model.encode(prompt.text, special=prompt.special, off_loop=off_loop)
 
 
 def _token_ids(prompt: object) -> list[int] | None:

@@ -42,7 +42,7 @@ def test_lines_are_read_by_index(tmp_path: Path) -> None:
     a request that never went upstream, a foreign line and garbage are left out."""
     log = tmp_path / "access.log"
     log.write_text(
-        "1 1000 200 1500\n"  # asked: 1 ms to upstream, 0.2 ms to the client
+        "1 1000 200 1500 127.0.0.2:8000\n"  # asked: 1 ms to upstream, 0.2 ms to the client
         "2 - 100 30\n"  # asked: upstream began while the body still arrived -> 0
         "3 - - -\n"  # asked: never went upstream (a 429 from the EPP)
         "4 3000 300 3500\n"  # asked
@@ -69,3 +69,11 @@ def test_timing_round_trips_and_is_tabled(tmp_path: Path) -> None:
     text = tables(loaded, {})
     assert "| epp | 10 | 3 | 1.00 / 2.00 / 3.00 | 0.20 / 0.40 / 0.60 |" in text
     assert "| sglang | 10 |" not in text.split("What the router added")[1]
+
+
+def test_the_server_of_each_request_is_read(tmp_path: Path) -> None:
+    """The line's last field names the server that served the request; none without one."""
+    log = tmp_path / "access.log"
+    log.write_text("1 1000 200 1500 127.0.0.2:8000\n2 - - - -\n3 10 10 10\n- 1 1 1 x:1\n")
+    assert envoytiming.upstream_hosts(log) == {1: "127.0.0.2:8000"}
+    assert envoytiming.upstream_hosts(tmp_path / "missing.log") == {}

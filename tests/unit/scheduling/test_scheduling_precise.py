@@ -3,6 +3,7 @@ its scores from the index, and the off-loop tokenizing of long prompts."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from array import array
 from dataclasses import replace
@@ -143,10 +144,16 @@ def test_no_tokenizer_scores_zero(tokenizer_path: Path) -> None:
     assert scorer.score(request, [endpoint(), endpoint()]) == [0.0, 0.0]
 
 
+NO_STORE = CONFIG + "    prefixStoreConfig: {cacheSize: 0}\n"
+STORE = CONFIG.replace("inlineBytes: 300", "inlineBytes: 400") + (
+    "    prefixStoreConfig: {blockSize: 128}\n"
+)
+
+
 def test_a_long_prompt_is_prepared_off_the_loop_and_bounded(tokenizer_path: Path) -> None:
-    """Past inlineBytes the tokenizing is handed back as thread work (at most
-    maxPendingTokenize at a time; past it: scored 0); its result is kept for the score."""
-    scorer = scorer_of(CONFIG, tokenizer_path)
+    """Without the prefix store, past inlineBytes the tokenizing is handed back as thread work
+    (at most maxPendingTokenize at a time; past it: scored 0); its result is kept."""
+    scorer = scorer_of(NO_STORE, tokenizer_path)
     tok = Tokenizer.from_file(str(tokenizer_path))
     long = [" ".join(WORDS * 10) + f" {i}" for i in range(3)]
     target = endpoint()
@@ -164,6 +171,54 @@ def test_a_long_prompt_is_prepared_off_the_loop_and_bounded(tokenizer_path: Path
     assert scorer.prepare(request) is None  # cached now
     works[1]()()
     assert scorer.prepare(completion(long[2])) is not None  # room again
+
+
+def test_a_stored_prefix_is_scored_at_once_and_exactly(tokenizer_path: Path) -> None:
+    """With the prefix store, a long prompt whose system prompt was seen is scored without
+    waiting for a thread, from exactly the tokens the whole prompt has."""
+    scorer = scorer_of(STORE, tokenizer_path)
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    system = " ".join(WORDS * 60)
+    holder, other = endpoint(), endpoint()
+    prompts = [system + f" question {i} the lazy dog" for i in range(3)]
+    total = len(tok.encode(prompts[1]).ids) // 4
+    stored_prompt(scorer, tok, prompts[1], total, holder.endpoint.address)
+    for prompt in prompts:
+        assert scorer.prepare(completion(prompt)) is None  # never thread work
+    request = completion(prompts[1])
+    assert scorer.score(request, [holder, other]) == [1.0, 0.0]
+
+
+async def test_a_miss_scores_its_leading_blocks_and_is_stored_off_the_loop(
+    tokenizer_path: Path,
+) -> None:
+    """A long prompt not stored is scored at once on its leading blocks (those that
+    tokenizing it whole gives); the second time its prefix comes, a thread stores it whole,
+    and the third is scored on all its blocks."""
+    scorer = scorer_of(STORE, tokenizer_path)
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    system = " ".join(WORDS * 60)
+    first, again, second = (completion(system + f" question {i}") for i in range(3))
+    holder = endpoint()
+    held = len(tok.encode(system).ids) // 4 - 2
+    stored_prompt(scorer, tok, system, held, holder.endpoint.address)
+    assert scorer.prepare(first) is None
+    (score,) = scorer.score(first, [holder])
+    assert score == 1.0  # the leading blocks it knows: all held
+    assert scorer._pending == 0  # seen once: not worth tokenizing whole yet
+    assert scorer.prepare(again) is None
+    assert scorer.score(again, [holder]) == [1.0]
+    assert scorer._pending == 1
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        if not scorer._pending:
+            break
+    assert scorer._pending == 0
+    assert scorer._store is not None
+    assert len(scorer._store) > 0
+    assert scorer.prepare(second) is None
+    total = len(tok.encode(second.body["prompt"]).ids) // 4
+    assert scorer.score(second, [holder]) == [held / total]
 
 
 def test_one_precise_scorer_per_config() -> None:

@@ -7,11 +7,18 @@ blocks the servers report; an endpoint scores the fraction of the prompt's block
 row from the first. Every worker and replica subscribes to the same events, so they score
 alike without talking to each other.
 
-Tokenizing a long prompt takes milliseconds (docs/scheduling.md has the measurements), so the
-scorer is also a ``Preparer``: a prompt whose body is under ``inlineBytes`` is tokenized on the
-event loop; a longer one on a thread, while the request waits (at most ``maxPendingTokenize``
-at a time: past that a request is scored 0 and the other scorers decide). The hashes of recent
-prompts are kept (LRU, ``maxCachedBlocks`` in all), so a repeated prompt costs a lookup.
+Tokenizing a long prompt takes milliseconds (the bench's 16 KB prompts: 10 ms; docs/scheduling.md
+has the measurements), so the scorer is also a ``Preparer`` and tokenizes at most about
+``inlineBytes`` characters of a prompt on the event loop, through a prefix store
+(``prefixStoreConfig``, ``kvevents.prefixstore``): a prompt sharing a text prefix with an earlier
+one takes that prefix's tokens and tokenizes its tail only. A prompt with more than that left
+to tokenize is scored on its leading ``inlineBytes`` characters' blocks while a thread tokenizes
+it whole for the store (at most ``maxPendingTokenize`` at a time); the request never waits
+for a thread. With ``prefixStoreConfig.cacheSize: 0`` the store is off and, as before it, a body
+under ``inlineBytes`` is tokenized on the loop and a longer one on a thread while its request
+waits (past ``maxPendingTokenize``: scored 0). The block hashes of recent prompts are kept (LRU,
+``maxCachedBlocks`` in all), so a repeated prompt costs a lookup; with the store, the hashes of
+token prefixes too (``kvevents.blockmemo``).
 
 A request the scorer cannot tokenize (its model has no tokenizer, a batch of prompts, an
 embeddings request) scores 0 everywhere: the weighted sum is then the other scorers'.
@@ -21,16 +28,20 @@ Parameter names follow llm-d's scorer where they exist (``tokenProcessorConfig``
 
 from __future__ import annotations
 
+import asyncio
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
 from endpoint_picker.errors import ConfigError
+from endpoint_picker.kvevents.blockmemo import BlockMemo
 from endpoint_picker.kvevents.index import BlockHasher, BlockIndex
+from endpoint_picker.kvevents.prefixstore import GUARD, OVERLAP, PrefixStore, Tokens
 from endpoint_picker.kvevents.subscriber import KVEventsConfig, KVEventsHub
-from endpoint_picker.kvevents.tokens import PromptTokenizer, load_tokenizers
+from endpoint_picker.kvevents.tokens import Prompt, PromptTokenizer, load_tokenizers
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.framework import OffLoopWork
 from endpoint_picker.scheduling.registry import Params, PluginContext
@@ -47,11 +58,14 @@ class PrecisePrefixCacheScorer:
     __slots__ = (
         "_cache",
         "_cached_blocks",
+        "_filler",
         "_inline_bytes",
         "_max_blocks",
         "_max_cached",
         "_max_pending",
+        "_memo",
         "_pending",
+        "_store",
         "_tokenizer",
         "hub",
         "index",
@@ -63,9 +77,10 @@ class PrecisePrefixCacheScorer:
         tokenizer: PromptTokenizer,
         *,
         max_prefix_blocks: int = 8192,
-        inline_bytes: int = 2048,
+        inline_bytes: int = 1024,
         max_pending: int = 2,
         max_cached_blocks: int = 1 << 20,
+        store: PrefixStore | None = None,
     ) -> None:
         self.hub = hub
         self.index = hub.index
@@ -75,7 +90,11 @@ class PrecisePrefixCacheScorer:
         self._max_pending = max_pending
         self._max_cached = max_cached_blocks
         self._pending = 0
-        self._cache: OrderedDict[bytes, tuple[int, tuple[int, ...]]] = OrderedDict()
+        self._store = store
+        self._memo = BlockMemo(self.index.hasher)  # on the loop only (the store's path)
+        self._filler: ThreadPoolExecutor | None = None
+        # request key -> (chain root, block keys, whether only the prompt's leading blocks)
+        self._cache: OrderedDict[bytes, tuple[int, tuple[int, ...], bool]] = OrderedDict()
         self._cached_blocks = 0
 
     @classmethod
@@ -116,6 +135,10 @@ class PrecisePrefixCacheScorer:
         block_index.finish()
         per_endpoint = indexer.integer("maxBlocksPerEndpoint", min(size, 250_000), minimum=1)
         indexer.finish()
+        prefix = params.section("prefixStoreConfig")
+        chunks = prefix.integer("cacheSize", 32_768, minimum=0)
+        chunk_chars = prefix.integer("blockSize", 256, minimum=GUARD + OVERLAP + 1)
+        prefix.finish()
         if SHARED_KEY in ctx.shared:
             raise ConfigError(
                 "one precise-prefix-cache-scorer per config (list it in several profiles instead)",
@@ -130,9 +153,10 @@ class PrecisePrefixCacheScorer:
             hub,
             PromptTokenizer(load_tokenizers(ctx.settings.tokenizers)),
             max_prefix_blocks=params.integer("maxPrefixBlocks", 8192, minimum=1),
-            inline_bytes=params.integer("inlineBytes", 2048, minimum=0),
+            inline_bytes=params.integer("inlineBytes", 1024, minimum=0),
             max_pending=params.integer("maxPendingTokenize", 2, minimum=0),
             max_cached_blocks=params.integer("maxCachedBlocks", 1 << 20, minimum=0),
+            store=PrefixStore(chunk_chars, chunks) if chunks else None,
         )
         hub.tokenized_models = tuple(m for m, _ in ctx.settings.tokenizers)
         return scorer
@@ -149,7 +173,10 @@ class PrecisePrefixCacheScorer:
             return None
         root = self._root(request)
         cached = self._cache.get(key)
-        if cached is not None and cached[0] == root:
+        if cached is not None and cached[0] == root and not cached[2]:
+            return None
+        if self._store is not None:
+            self._through_store(request, key, root, self._store)
             return None
         if len(request.raw_body) <= self._inline_bytes:
             self._keep(key, root, self._hash(self._tokenizer.tokens(request), root))
@@ -174,6 +201,65 @@ class PrecisePrefixCacheScorer:
 
         return finish
 
+    def _through_store(
+        self, request: LLMRequest, key: bytes, root: int, store: PrefixStore
+    ) -> None:
+        """On the loop, at most about ``inlineBytes`` characters tokenized: the stored prefix
+        and the new tail, or the prompt's leading characters while a thread tokenizes it
+        all for the store (the request does not wait for it)."""
+        prompt = self._tokenizer.prompt(request)
+        if prompt is None:
+            return
+        if isinstance(prompt, array):  # token ids given
+            self._keep(key, root, self._hash(prompt, root))
+            return
+        model = prompt.model
+        out = store.tokenize(model.encode_tokens, prompt.root, prompt.text, prompt.special,
+                             self._inline_bytes, model.appended)  # fmt: skip
+        keys = tuple(self._memo.chain(root, out.ids, self._max_blocks))
+        self._keep(key, root, keys, partial=not out.complete)
+        if out.store:
+            self._fill(prompt, store)
+
+    def _fill(self, prompt: Prompt, store: PrefixStore) -> None:
+        """Tokenize the whole prompt on a thread (``encode_batch`` lets go of the GIL) and
+        store it; at most ``maxPendingTokenize`` at a time, past that the next request of
+        the prefix tries again."""
+        if self._pending >= self._max_pending:
+            log.debug("precise prefix: tokenizer busy; the prompt is not stored")
+            return
+
+        def work(off_loop: bool) -> tuple[list[bytes], Tokens]:
+            keys = store.keys(prompt.root, prompt.text)
+            return keys, prompt.model.encode_tokens(prompt.text, prompt.special, off_loop)[0]
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (Director.route): here and now
+            store.add(*work(False))
+            return
+        self._pending += 1
+
+        def done(future: asyncio.Future[tuple[list[bytes], Tokens]]) -> None:
+            self._pending -= 1
+            if future.cancelled():
+                return
+            if (error := future.exception()) is not None:
+                log.warning("precise prefix: tokenizing failed", error=str(error))
+                return
+            store.add(*future.result())
+
+        loop.run_in_executor(self._thread(), work, True).add_done_callback(done)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        """The one thread that tokenizes whole prompts for the store: at most a core. (Not
+        at a lower priority: it holds the GIL for part of its work, and a starved holder
+        would stall the event loop; measured, benchmarks/bench_precise_path.py: the loop's
+        p99 lag 10.6 ms with it at nice +10, 6.7 ms without.)"""
+        if self._filler is None:
+            self._filler = ThreadPoolExecutor(1, "precise-tokenize")
+        return self._filler
+
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> list[float]:
         key = self._tokenizer.key(request) if self._tokenizer else None
         cached = self._cache.get(key) if key is not None else None
@@ -196,7 +282,9 @@ class PrecisePrefixCacheScorer:
             return None
         return tuple(self.index.hasher.chain(root, tokens, max_blocks=self._max_blocks))
 
-    def _keep(self, key: bytes, root: int, keys: tuple[int, ...] | None) -> None:
+    def _keep(
+        self, key: bytes, root: int, keys: tuple[int, ...] | None, partial: bool = False
+    ) -> None:
         if keys is None:
             return
         old = self._cache.pop(key, None)
@@ -204,10 +292,10 @@ class PrecisePrefixCacheScorer:
             self._cached_blocks -= _cost(old[1])
         if _cost(keys) > self._max_cached:
             return
-        self._cache[key] = (root, keys)
+        self._cache[key] = (root, keys, partial)
         self._cached_blocks += _cost(keys)
         while self._cached_blocks > self._max_cached:
-            _, (_, dropped) = self._cache.popitem(last=False)
+            _, (_, dropped, _) = self._cache.popitem(last=False)
             self._cached_blocks -= _cost(dropped)
 
 
