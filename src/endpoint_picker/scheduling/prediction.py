@@ -121,7 +121,7 @@ class PredictionSource:
         hostports = [e.hostport for e in endpoints]
         matched = self.index.match(hashes, hostports) if hashes else [0] * len(hostports)
         self.placed = None
-        if hashes and not any(matched):  # by hash, among those not over their share
+        if hashes and hostports and not any(matched):  # by hash, among those under their share
             eligible = self.shares.eligible(hostports)
             pick = self._placement.pick(hashes[0], [hostports[i] for i in eligible])
             self.placed = eligible[pick]

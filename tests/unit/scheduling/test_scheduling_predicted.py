@@ -417,3 +417,11 @@ def test_adapter_flights_are_bounded_and_forget_endpoints_that_left() -> None:
     assert "adapter-0" not in flights.on("10.0.0.1:8000")
     flights.on_endpoints(frozenset({"10.0.0.2:8000"}))
     assert flights.on("10.0.0.1:8000") == frozenset()
+
+
+def test_features_of_no_candidates_place_nothing() -> None:
+    """A request featured over no candidates (every one filtered out) gets no placement rather
+    than an error."""
+    source = source_with(PREFILL_BOUND, [])
+    assert source.features(completion(), []) == []
+    assert source.placed is None
