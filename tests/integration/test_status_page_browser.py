@@ -78,7 +78,8 @@ async def test_page_shows_pool_endpoints_in_flight_and_decisions(tmp_path: Path)
                 assert cells[0][6].strip() == "42.0%"
                 assert cells[0][7] == "food-v1 (1/4 slots)"
                 assert cells[0][9] == "ok"
-                assert cells[2][8:] == ["never", "stale: never scraped", "\u2013"]  # no predictor
+                # no predictor, no KV events
+                assert cells[2][8:] == ["never", "stale: never scraped", "\u2013", "\u2013"]
                 assert (
                     await page.get_attribute(
                         f'#endpoints tr[data-address="{silent.hostport}"]', "class"
