@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from tests.integration.test_informed_scheduling import settings_for
 from tests.support.extproc import body, headers, json_body, lb_metadata, response_body
@@ -138,6 +139,35 @@ async def test_the_endpoint_holding_the_longest_prefix_gets_the_request(tmp_path
         assert picks == {hostport(app, ADDRS[2])}
         exported = app.metrics.render().decode()
         assert "inference_extension_kv_events_total 3.0" in exported
+
+
+async def test_the_status_page_shows_each_pods_kv_event_subscription(tmp_path: Path) -> None:
+    """/api/status's endpoint rows show each pod's KV-event subscription: blocks indexed,
+    events received, a gap rebuilt, the last event's age; a silent pod has none yet."""
+    prompt = " ".join(WORDS[i % len(WORDS)] for i in range(60))
+    async with precise_app(tmp_path) as ([(app, _)], pubs, tok):
+        tokens = tok.encode(prompt).ids
+        await store(app, pubs[1], tokens, ADDRS[1])
+        first, second = tokens[:BLOCK], tokens[BLOCK : 2 * BLOCK]
+        await pubs[2].send([Stored([1], None, first, block_size=BLOCK)])
+        await pubs[2].send([Stored([2], 1, second, block_size=BLOCK)], lose=True)
+        await pubs[2].send([Stored([3], None, first, block_size=BLOCK)])  # after the rebuild
+        await eventually(lambda: (hub_of(app).describe(ADDRS[2]) or {}).get("events") == 2)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{app.ports.metrics}/api/status") as reply,
+        ):
+            rows = {e["address"]: e["kvEvents"] for e in (await reply.json())["endpoints"]}
+    silent, holder, rebuilt = (rows[hostport(app, a)] for a in ADDRS)
+    assert silent == {"state": "waiting", "blocks": 0, "events": 0, "replays": 0,
+                      "rebuilds": 0, "lastEventAgeSeconds": None}  # fmt: skip
+    assert (holder["state"], holder["blocks"], holder["events"]) == (
+        "live",
+        len(tokens) // BLOCK,
+        1,
+    )
+    assert 0 <= holder["lastEventAgeSeconds"] < 5
+    assert (rebuilt["blocks"], rebuilt["events"], rebuilt["rebuilds"]) == (1, 2, 1)
 
 
 @pytest.mark.parametrize(("extra", "expected_waits"), [

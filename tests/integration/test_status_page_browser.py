@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import grpc
 from playwright.async_api import Page
+from tests.integration.test_precise_prefix import ADDRS, BLOCK, WORDS, hostport, precise_app, store
 from tests.support.browser import chromium_page
 from tests.support.extproc import body, headers, json_body, response_body, response_headers
 from tests.support.metrics_auth import DATA_PATHS, READERS, kubernetes_epp
@@ -42,6 +43,25 @@ async def addresses(page: Page) -> list[str]:
     return await page.eval_on_selector_all(
         "#endpoints tbody tr", "rows => rows.map(r => r.dataset.address)"
     )
+
+
+async def test_page_shows_each_pods_kv_event_subscription(tmp_path: Path) -> None:
+    """With a precise-prefix-cache-scorer, the endpoint table's "KV events" column shows the
+    blocks indexed and events received for a pod that published, and "no events yet" for
+    one that did not."""
+    prompt = " ".join(WORDS[i % len(WORDS)] for i in range(60))
+    async with precise_app(tmp_path) as ([(app, _)], pubs, tok):
+        tokens = tok.encode(prompt).ids
+        await store(app, pubs[1], tokens, ADDRS[1])
+        async with chromium_page(tmp_path / "chromium") as page:
+            await page.goto(f"http://127.0.0.1:{app.ports.metrics}/")
+            await two_updates(page)
+            cell = '#endpoints tr[data-address="{}"] td:last-child'
+            holder = await page.text_content(cell.format(hostport(app, ADDRS[1]))) or ""
+            silent = await page.text_content(cell.format(hostport(app, ADDRS[0])))
+    assert holder.startswith(f"{len(tokens) // BLOCK} blocks, 1 events, last "), holder
+    assert holder.endswith(" ago"), holder
+    assert silent == "no events yet"
 
 
 async def test_page_shows_pool_endpoints_in_flight_and_decisions(tmp_path: Path) -> None:
@@ -78,7 +98,8 @@ async def test_page_shows_pool_endpoints_in_flight_and_decisions(tmp_path: Path)
                 assert cells[0][6].strip() == "42.0%"
                 assert cells[0][7] == "food-v1 (1/4 slots)"
                 assert cells[0][9] == "ok"
-                assert cells[2][8:] == ["never", "stale: never scraped", "\u2013"]  # no predictor
+                # no predictor, no KV events
+                assert cells[2][8:] == ["never", "stale: never scraped", "\u2013", "\u2013"]
                 assert (
                     await page.get_attribute(
                         f'#endpoints tr[data-address="{silent.hostport}"]', "class"

@@ -262,6 +262,7 @@ def _status_view(
         flow=routing.flow if routing is not None else None,
         outliers=routing.outliers if routing is not None else None,
         predictor=routing.components.latency_predictor if routing is not None else None,
+        kv_events=routing.components.kv_events if routing is not None else None,
         refresh_interval=parts.feed.refresh_interval,
         clock=parts.clock,
     )

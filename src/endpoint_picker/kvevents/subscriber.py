@@ -29,7 +29,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 import zmq
@@ -77,16 +77,30 @@ class KVEventsObserver(Protocol):
 
 
 class _Feed:
-    """One publisher's stream state."""
+    """One publisher's stream state, and its counts for the status page."""
 
-    __slots__ = ("connected", "dup_floor", "last_at", "last_seq", "since")
+    __slots__ = (
+        "connected",
+        "dup_floor",
+        "events",
+        "last_at",
+        "last_message_at",
+        "last_seq",
+        "rebuilds",
+        "replays",
+        "since",
+    )
 
     def __init__(self, now: float) -> None:
         self.last_seq: int | None = None
         self.dup_floor: int | None = None  # replayed from here: lower numbers are restarts
         self.last_at = now  # last message (or the subscription's start)
+        self.last_message_at: float | None = None  # None: nothing received yet
         self.connected = False
         self.since = now  # when ``connected`` last changed
+        self.events = 0  # events applied (replayed ones included)
+        self.replays = 0  # gaps repaired by the replay socket
+        self.rebuilds = 0  # views dropped to rebuild: a gap unrepaired, a bad batch, a restart
 
 
 def topic_pod(topic: str) -> str | None:
@@ -127,6 +141,35 @@ class KVEventsHub:
     @property
     def bind_mode(self) -> bool:
         return bool(self.config.bind_endpoint)
+
+    def describe(self, pod: str) -> dict[str, Any] | None:
+        """The status page's view of ``pod``'s subscription (None: not a pod of the pool).
+        Constant time: the index counts each endpoint's blocks as it goes."""
+        if pod not in self._pods:
+            return None
+        feed = self._feeds.get(pod)
+        last = feed.last_message_at if feed is not None else None
+        return {
+            "state": self._state(feed),
+            "blocks": self.index.blocks_of(pod),
+            "events": feed.events if feed is not None else 0,
+            "replays": feed.replays if feed is not None else 0,
+            "rebuilds": feed.rebuilds if feed is not None else 0,
+            "lastEventAgeSeconds": round(self._clock() - last, 3) if last is not None else None,
+        }
+
+    def _state(self, feed: _Feed | None) -> str:
+        """``waiting`` (nothing received yet), ``live``, ``disconnected`` (connect mode, for
+        less than ``deadAfter``), ``dead`` (longer: its blocks no longer count) or ``silent``
+        (nothing for ``silenceTimeout``: likewise), as the sweep judges them."""
+        if feed is None or feed.last_message_at is None:
+            return "waiting"
+        now, config = self._clock(), self.config
+        if not self.bind_mode and not feed.connected:
+            return "dead" if now - feed.since > config.dead_after else "disconnected"
+        if config.silence_timeout > 0 and now - feed.last_at > config.silence_timeout:
+            return "silent"
+        return "live"
 
     # -- the pool -----------------------------------------------------------------------------
 
@@ -303,7 +346,7 @@ class KVEventsHub:
         feed = self._feed(pod)
         if feed is None:
             return
-        feed.last_at = self._clock()
+        feed.last_at = feed.last_message_at = self._clock()
         try:
             message = split_frames(frames, self.config.max_message_bytes)
         except KVEventsError as exc:
@@ -323,6 +366,7 @@ class KVEventsHub:
             log.info("KV events sequence went back: the publisher restarted", pod=pod,
                      seq=seq, last=last)  # fmt: skip
             self.index.drop(pod)
+            feed.rebuilds += 1
             last = feed.last_seq = None
         if last is None:
             if seq > 0 and self.config.replay_port:
@@ -334,7 +378,10 @@ class KVEventsHub:
             )
             if self._observer is not None:
                 self._observer.kv_events_gap(repaired)
-            if not repaired:
+            if repaired:
+                feed.replays += 1
+            else:
+                feed.rebuilds += 1
                 log.warning("KV events lost; rebuilding the pod's view from new events",
                             pod=pod, missed=seq - last - 1)  # fmt: skip
                 self.index.drop(pod)
@@ -342,6 +389,7 @@ class KVEventsHub:
             feed.dup_floor = None
         if not self._apply(pod, feed, message):
             self.index.drop(pod)  # a batch lost is a gap: what it removed may still count
+            feed.rebuilds += 1
 
     def _apply(self, pod: str, feed: _Feed, message: Message) -> bool:
         feed.last_seq = message.seq
@@ -356,6 +404,7 @@ class KVEventsHub:
         except Exception:  # a bug here must not end the subscription; the view is suspect
             log.exception("KV events batch could not be applied", pod=pod, seq=message.seq)
             return False
+        feed.events += len(batch.events)
         if self._observer is not None:
             self._observer.kv_events_received(len(batch.events))
             if batch.unknown:

@@ -16,12 +16,13 @@ from endpoint_picker.status.auth import Authorizer, CachedReviews, StaticTokens
 from endpoint_picker.status.decisions import DecisionLog
 from endpoint_picker.status.server import MetricsServer
 from endpoint_picker.status.tls import ReloadingTls
-from endpoint_picker.status.view import PredictorRows, StatusView
+from endpoint_picker.status.view import KVEventsRows, PredictorRows, StatusView
 
 __all__ = [
     "Authorizer",
     "CachedReviews",
     "DecisionLog",
+    "KVEventsRows",
     "MetricsServer",
     "PredictorRows",
     "ReloadingTls",

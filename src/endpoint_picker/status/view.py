@@ -76,6 +76,12 @@ class PredictorRows(Protocol):
     def describe(self, hostport: str) -> dict[str, Any] | None: ...
 
 
+class KVEventsRows(Protocol):
+    """The KV-events subscription of one pod (``KVEventsHub``; None: not subscribed)."""
+
+    def describe(self, pod: str) -> dict[str, Any] | None: ...
+
+
 class Health(Protocol):
     """Readiness (the gRPC health service's truth) and why a ready EPP is degraded, if it is."""
 
@@ -102,6 +108,7 @@ class StatusView:
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     predictor: PredictorRows | None = None  # with a predicted-latency plugin
+    kv_events: KVEventsRows | None = None  # with a precise-prefix-cache-scorer
 
     def snapshot(self) -> dict[str, Any]:
         state = self.pool.state
@@ -170,6 +177,10 @@ class StatusView:
             "outlier": self._outlier(endpoint.hostport),
             "predictor": (
                 self.predictor.describe(endpoint.hostport) if self.predictor is not None else None
+            ),
+            # by pod IP: one publisher per pod, as the hub subscribes
+            "kvEvents": (
+                self.kv_events.describe(endpoint.address) if self.kv_events is not None else None
             ),
         }
 

@@ -104,6 +104,9 @@ async def test_a_gap_is_repaired_by_the_replay_socket() -> None:
         await eventually(lambda: held(hub, A) == 3)
         assert pa.replay_requests == [1]
         assert recorder.gaps == [True]
+        shown = hub.describe(A)
+        assert shown is not None
+        assert (shown["replays"], shown["rebuilds"], shown["events"]) == (1, 0, 3)
 
 
 async def test_a_gap_without_replay_rebuilds_the_view_from_new_events() -> None:
@@ -182,7 +185,7 @@ async def test_a_pod_that_leaves_loses_its_subscription_and_blocks() -> None:
 
 
 async def test_a_dead_publisher_ages_out() -> None:
-    """Disconnected past deadAfter: its blocks stop counting."""
+    """Disconnected past deadAfter: its blocks stop counting, and the status page says so."""
     port = free_port(A)
     config = KVEventsConfig(port=port, dead_after=0.2, sweep_interval=0.05)
     async with running(config, A) as (hub, _):
@@ -190,7 +193,9 @@ async def test_a_dead_publisher_ages_out() -> None:
             await pa.subscribed()
             await pa.send([blocks(0)])
             await eventually(lambda: held(hub, A) == 1)
+            assert (hub.describe(A) or {}).get("state") == "live"
         await eventually(lambda: held(hub, A) == 0)
+        await eventually(lambda: (hub.describe(A) or {}).get("state") == "dead")
 
 
 async def test_bind_mode_reads_the_pod_from_the_topic() -> None:

@@ -165,6 +165,7 @@ def test_endpoints_show_metrics_age_staleness_unreachability_and_in_flight_count
         "inFlight": 2,
         "outlier": None,
         "predictor": None,
+        "kvEvents": None,
     }
     assert (second["engine"], second["stale"], second["metricsAgeSeconds"]) == ("sglang", True, 5)
     assert second["unreachable"] == "connection refused"

@@ -164,8 +164,9 @@
           age(e.metricsAgeSeconds),
           stateText,
           predictorError(e.predictor),
+          kvEvents(e.kvEvents),
         ],
-        ["", "mono", "", "num", "num", "num", "kv", "", "num", `state ${state}`, "num"],
+        ["", "mono", "", "num", "num", "num", "kv", "", "num", `state ${state}`, "num", ""],
       );
       kvCell(cell(row, 6), e.kvCacheUsage);
     }
@@ -181,6 +182,17 @@
   function predictorError(p) {
     if (!p || p.ttftRelativeError === null) return p ? `no samples` : dash;
     return `${Math.round(p.ttftRelativeError * 100)}% (${integer(p.ttftSamples)})`;
+  }
+
+  // the KV-event subscription: blocks indexed, events, repairs, the last event's age (none: a dash)
+  function kvEvents(k) {
+    if (!k) return dash;
+    if (k.state === "waiting") return "no events yet";
+    const repairs = [k.replays ? `${integer(k.replays)} replayed` : "", k.rebuilds ? `${integer(k.rebuilds)} rebuilt` : ""]
+      .filter(Boolean).join(", ");
+    const state = k.state === "live" ? "" : `${k.state}: `;
+    return `${state}${integer(k.blocks)} blocks, ${integer(k.events)} events` +
+      `${repairs ? ` (${repairs})` : ""}, last ${age(k.lastEventAgeSeconds)} ago`;
   }
 
   function kvCell(td, usage) {
