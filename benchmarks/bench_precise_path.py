@@ -32,9 +32,10 @@ import orjson
 
 from endpoint_picker.bench.prompts import TextSource
 from endpoint_picker.bench.tokenizer import build_tokenizer
+from endpoint_picker.kvevents.feeds import KVEventsConfig
 from endpoint_picker.kvevents.index import BlockHasher, BlockIndex
 from endpoint_picker.kvevents.prefixstore import PrefixStore
-from endpoint_picker.kvevents.subscriber import KVEventsConfig, KVEventsHub
+from endpoint_picker.kvevents.subscriber import KVEventsHub
 from endpoint_picker.kvevents.tokens import PromptTokenizer, load_tokenizer
 from endpoint_picker.requests import Api, LLMRequest, parse_request
 from endpoint_picker.scheduling.plugins.precise import PrecisePrefixCacheScorer

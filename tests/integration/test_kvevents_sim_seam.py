@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 from tests.support.kvevents import eventually, free_port
 
+from endpoint_picker.kvevents.feeds import KVEventsConfig
 from endpoint_picker.kvevents.index import BlockHasher, BlockIndex
-from endpoint_picker.kvevents.subscriber import KVEventsConfig, KVEventsHub
+from endpoint_picker.kvevents.subscriber import KVEventsHub
 from endpoint_picker.types import Endpoint
 from endpoint_picker_sim.config import KvEventsConfig, Wire
 from endpoint_picker_sim.kvevents import BlockStored

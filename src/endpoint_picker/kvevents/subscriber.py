@@ -28,8 +28,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import structlog
 import zmq
@@ -37,6 +36,13 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from endpoint_picker.errors import KVEventsError, clip
+from endpoint_picker.kvevents.feeds import (
+    Feed,
+    KVEventsConfig,
+    KVEventsObserver,
+    feed_state,
+    topic_pod,
+)
 from endpoint_picker.kvevents.index import BlockIndex
 from endpoint_picker.kvevents.replay import Replay
 from endpoint_picker.kvevents.wire import Message, decode_batch, split_frames
@@ -45,68 +51,6 @@ from endpoint_picker.types import Endpoint
 log = structlog.get_logger(__name__)
 
 MESSAGES_PER_TURN = 64  # messages handled before the loop is let go for other work
-
-
-@dataclass(frozen=True, slots=True)
-class KVEventsConfig:
-    """How the hub reaches the publishers (the scorer's ``kvEventsConfig``)."""
-
-    port: int = 5557  # each pod's publisher port (connect mode), llm-d's socketPort
-    bind_endpoint: str = ""  # zmqEndpoint: bind here instead, every pod connects (bind mode)
-    replay_port: int = 0  # each pod's replay ROUTER port; 0: none (a gap drops the view)
-    topic_filter: str = ""  # ZeroMQ prefix filter on topics; vLLM's default topic is ""
-    max_message_bytes: int = 16 << 20  # a bigger message is refused by ZeroMQ (MAXMSGSIZE)
-    dead_after: float = 30.0  # connect mode: blocks of a publisher gone this long are dropped
-    silence_timeout: float = 0.0  # blocks of a pod silent this long are dropped; 0: never
-    replay_timeout: float = 2.0  # seconds for a whole replay answer
-    max_replay_messages: int = 10_000  # vLLM buffers 10,000 steps by default
-    sweep_interval: float = 1.0  # seconds between checks for dead and silent publishers
-
-
-@runtime_checkable
-class KVEventsObserver(Protocol):
-    """What the hub reports; the EPP's Prometheus metrics implement it."""
-
-    def kv_events_received(self, events: int) -> None: ...
-
-    def kv_events_error(self, kind: str) -> None: ...
-
-    def kv_events_gap(self, repaired: bool) -> None: ...
-
-    def track_kv_index(self, size: Callable[[], float], endpoints: Callable[[], float]) -> None: ...
-
-
-class _Feed:
-    """One publisher's stream state, and its counts for the status page."""
-
-    __slots__ = (
-        "connected",
-        "dup_floor",
-        "events",
-        "last_at",
-        "last_message_at",
-        "last_seq",
-        "rebuilds",
-        "replays",
-        "since",
-    )
-
-    def __init__(self, now: float) -> None:
-        self.last_seq: int | None = None
-        self.dup_floor: int | None = None  # replayed from here: lower numbers are restarts
-        self.last_at = now  # last message (or the subscription's start)
-        self.last_message_at: float | None = None  # None: nothing received yet
-        self.connected = False
-        self.since = now  # when ``connected`` last changed
-        self.events = 0  # events applied (replayed ones included)
-        self.replays = 0  # gaps repaired by the replay socket
-        self.rebuilds = 0  # views dropped to rebuild: a gap unrepaired, a bad batch, a restart
-
-
-def topic_pod(topic: str) -> str | None:
-    """The pod IP of an llm-d topic ``kv@<pod-ip>@<model>``, else None."""
-    parts = topic.split("@")
-    return parts[1] if len(parts) == 3 and parts[0] == "kv" and parts[1] else None
 
 
 class KVEventsHub:
@@ -129,7 +73,7 @@ class KVEventsHub:
             )
         self._clock = clock
         self._pods: frozenset[str] = frozenset()
-        self._feeds: dict[str, _Feed] = {}
+        self._feeds: dict[str, Feed] = {}
         self._subscriptions: dict[str, asyncio.Task[None]] = {}
         self._ctx: zmq.asyncio.Context | None = None
         self._changed = asyncio.Event()
@@ -150,26 +94,13 @@ class KVEventsHub:
         feed = self._feeds.get(pod)
         last = feed.last_message_at if feed is not None else None
         return {
-            "state": self._state(feed),
+            "state": feed_state(feed, self.config, self._clock()),
             "blocks": self.index.blocks_of(pod),
             "events": feed.events if feed is not None else 0,
             "replays": feed.replays if feed is not None else 0,
             "rebuilds": feed.rebuilds if feed is not None else 0,
             "lastEventAgeSeconds": round(self._clock() - last, 3) if last is not None else None,
         }
-
-    def _state(self, feed: _Feed | None) -> str:
-        """``waiting`` (nothing received yet), ``live``, ``disconnected`` (connect mode, for
-        less than ``deadAfter``), ``dead`` (longer: its blocks no longer count) or ``silent``
-        (nothing for ``silenceTimeout``: likewise), as the sweep judges them."""
-        if feed is None or feed.last_message_at is None:
-            return "waiting"
-        now, config = self._clock(), self.config
-        if not self.bind_mode and not feed.connected:
-            return "dead" if now - feed.since > config.dead_after else "disconnected"
-        if config.silence_timeout > 0 and now - feed.last_at > config.silence_timeout:
-            return "silent"
-        return "live"
 
     # -- the pool -----------------------------------------------------------------------------
 
@@ -334,12 +265,12 @@ class KVEventsHub:
 
     # -- one message ----------------------------------------------------------------------------
 
-    def _feed(self, pod: str) -> _Feed | None:
+    def _feed(self, pod: str) -> Feed | None:
         if pod not in self._pods:
             return None
         feed = self._feeds.get(pod)
         if feed is None:
-            feed = self._feeds[pod] = _Feed(self._clock())
+            feed = self._feeds[pod] = Feed(self._clock())
         return feed
 
     async def _on_frames(self, pod: str, frames: list[bytes]) -> None:
@@ -391,7 +322,7 @@ class KVEventsHub:
             self.index.drop(pod)  # a batch lost is a gap: what it removed may still count
             feed.rebuilds += 1
 
-    def _apply(self, pod: str, feed: _Feed, message: Message) -> bool:
+    def _apply(self, pod: str, feed: Feed, message: Message) -> bool:
         feed.last_seq = message.seq
         try:
             batch = decode_batch(message.payload)
@@ -412,7 +343,7 @@ class KVEventsHub:
         return True
 
     async def _replay(
-        self, pod: str, feed: _Feed, start: int, until: int, *, anywhere: bool = False
+        self, pod: str, feed: Feed, start: int, until: int, *, anywhere: bool = False
     ) -> bool:
         """Ask the pod's replay socket for ``start`` on and apply those before ``until``;
         True when every one of them came (``anywhere``: the first may come later)."""

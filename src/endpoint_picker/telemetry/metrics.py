@@ -257,7 +257,7 @@ class EppMetrics:
     def track_prefix_index(self, size: Callable[[], float]) -> None:
         self.prefix_indexer_size.set_function(size)
 
-    # -- the KV-events hub's observer (kvevents.subscriber.KVEventsObserver) -------------------
+    # -- the KV-events hub's observer (kvevents.feeds.KVEventsObserver) -------------------
 
     def kv_events_received(self, events: int) -> None:
         self.kv_events_total.inc(events)

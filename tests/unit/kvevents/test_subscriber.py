@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 
 from tests.support.kvevents import Removed, Stored, eventually, free_port, publisher
 
+from endpoint_picker.kvevents.feeds import KVEventsConfig
 from endpoint_picker.kvevents.index import BlockHasher, BlockIndex
-from endpoint_picker.kvevents.subscriber import KVEventsConfig, KVEventsHub
+from endpoint_picker.kvevents.subscriber import KVEventsHub
 from endpoint_picker.types import Endpoint
 
 A, B = "127.0.3.2", "127.0.3.3"

@@ -38,9 +38,10 @@ import structlog
 
 from endpoint_picker.errors import ConfigError
 from endpoint_picker.kvevents.blockmemo import BlockMemo
+from endpoint_picker.kvevents.feeds import KVEventsConfig
 from endpoint_picker.kvevents.index import BlockHasher, BlockIndex
 from endpoint_picker.kvevents.prefixstore import GUARD, OVERLAP, PrefixStore, Tokens
-from endpoint_picker.kvevents.subscriber import KVEventsConfig, KVEventsHub
+from endpoint_picker.kvevents.subscriber import KVEventsHub
 from endpoint_picker.kvevents.tokens import Prompt, PromptTokenizer, load_tokenizers
 from endpoint_picker.requests import LLMRequest
 from endpoint_picker.scheduling.framework import OffLoopWork
