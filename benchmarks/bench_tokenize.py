@@ -1,7 +1,8 @@
 """Benchmark: what precise-prefix-cache-scorer's tokenizing costs, by prompt size.
 
-Run: ``PYTHONPATH=src:. .venv/bin/python benchmarks/bench_tokenize.py [--tokenizer PATH]``
-(a benchmark, not a test). Without ``--tokenizer`` it trains the tests' small byte-level BPE;
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_tokenize.py [--tokenizer PATH]``
+(a benchmark, not a test). Prompts are the bench's filler text (about 4 characters a token);
+without ``--tokenizer`` it trains the bench's byte-level BPE (``epp bench --tokenizer build``);
 give a real model's ``tokenizer.json`` for real figures. For each prompt size it prints the
 median milliseconds of: tokenizing (``PromptTokenizer.tokens``, completions), hashing the
 blocks (16 tokens each), the cache key, and how much of the event loop a thread tokenizing
@@ -12,6 +13,7 @@ untouched), with ``encode`` (holds the GIL) and ``encode_batch`` (lets go of it)
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import tempfile
 import threading
@@ -20,40 +22,11 @@ from pathlib import Path
 
 import orjson
 
+from endpoint_picker.bench.prompts import TextSource
+from endpoint_picker.bench.tokenizer import build_tokenizer
 from endpoint_picker.kvevents.index import BlockHasher
 from endpoint_picker.kvevents.tokens import PromptTokenizer, load_tokenizer
 from endpoint_picker.requests import Api, parse_request
-
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "the",
-    "lazy",
-    "dog",
-    "while",
-    "a",
-    "model",
-    "server",
-    "caches",
-    "blocks",
-    "of",
-    "tokens",
-    "for",
-    "every",
-    "prompt",
-    "it",
-    "serves",
-    "and",
-    "the",
-    "gateway",
-    "routes",
-    "by",
-    "prefix",
-]
 
 
 def median_ms(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
@@ -96,19 +69,13 @@ def main() -> None:
     parser.add_argument("--tokens", default="1000,8000,32000")
     args = parser.parse_args()
     path = args.tokenizer
-    if path is None:
-        from tests.support.kvevents import build_tokenizer
-
+    if path is None:  # the bench's own BPE (what `epp bench --tokenizer build` trains)
         path = build_tokenizer(Path(tempfile.mkdtemp()))
     model = load_tokenizer(path)
     prompts = PromptTokenizer({"": model})
     hasher = BlockHasher(16)
     for target in (int(t) for t in args.tokens.split(",")):
-        text, i = [], 0
-        while len(model.encode(" ".join(text), special=False)) < target:
-            text.extend(WORDS[(i * 7 + j) % len(WORDS)] for j in range(200))
-            i += 1
-        prompt = " ".join(text)
+        prompt = TextSource(random.Random(target)).text("System prompt: ", target)
         request = parse_request(
             "r", Api.COMPLETIONS, orjson.dumps({"model": "m", "prompt": prompt})
         )
