@@ -223,10 +223,6 @@ class PlacedShares:
         self._counts[hostport] = self._counts.get(hostport, 0.0) + self._unit
         self._total += self._unit
 
-    def share(self, hostport: str) -> float:
-        """``hostport``'s share of the recent placements (0 before any)."""
-        return self._counts.get(hostport, 0.0) / self._total if self._total else 0.0
-
     def purge(self, keep: frozenset[str]) -> None:
         """Forget the endpoints that left the pool."""
         for gone in [h for h in self._counts if h not in keep]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from tests.unit.scheduling.builders import endpoint
 from tests.unit.scheduling.test_scheduling_prefix import completion, with_headers
 
@@ -125,9 +124,10 @@ def test_placed_shares_decay_and_forget_endpoints_that_left() -> None:
     for _ in range(3):
         shares.placed("b:1")
     assert shares.eligible(["a:1", "b:1"]) == [0]  # a's ten faded below b's recent three
-    shares.purge(frozenset({"b:1"}))
-    assert shares.share("a:1") == 0.0
-    assert shares.share("b:1") == pytest.approx(1.0)
-    for _ in range(200):  # the growing unit is rescaled, never overflows
+    shares.purge(frozenset({"a:1"}))  # b left: its count is forgotten, so a new b starts free
+    assert shares.eligible(["a:1", "b:1"]) == [0, 1]
+    for _ in range(2000):  # 2**2000 overflows a float: the growing unit must be rescaled
         shares.placed("b:1")
-    assert shares.share("b:1") == pytest.approx(1.0)
+    for _ in range(3):
+        shares.placed("a:1")
+    assert shares.eligible(["a:1", "b:1"]) == [1]  # a's last three outweigh b's decayed 2000
