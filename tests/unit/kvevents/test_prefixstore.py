@@ -137,3 +137,18 @@ def test_the_block_memo_hashes_as_the_hasher_does() -> None:
         limit = rng.choice([1000, 50, 3])
         assert memo.chain(root, tokens, limit) == hasher.chain(root, tokens, max_blocks=limit)
         assert len(memo) <= 5
+
+
+def test_the_doorkeeper_is_bounded(byte_level: ModelTokenizer) -> None:
+    """A client sending only distinct prompts (each seen once, never stored) cannot grow the
+    doorkeeper's record of prompts seen past max_chunks; the oldest is forgotten first."""
+    store = PrefixStore(chunk_chars=128, max_chunks=16)
+    rng = random.Random(9)
+    prompts = [text(rng, 3000) for _ in range(200)]
+    for prompt in prompts:
+        store.tokenize(byte_level.encode_tokens, "r", prompt, True, 600, byte_level.appended)
+    assert len(store._seen) <= 16
+    again = store.tokenize(
+        byte_level.encode_tokens, "r", prompts[0], True, 600, byte_level.appended
+    )
+    assert not again.store  # forgotten: seen "once" again
