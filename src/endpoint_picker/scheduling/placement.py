@@ -181,8 +181,9 @@ def first_present(order: Sequence[str], hostports: Sequence[str]) -> int | None:
     return None
 
 
-class PlacedShares:
-    """How many new prefixes each endpoint was given lately, to bound hashing by.
+class RecentShares:
+    """How much each endpoint was given lately, to bound a choice by: new prefixes for
+    placement (below), all routed requests for ``bounded-share-filter``.
 
     Rendezvous hashing alone spreads keys as a multinomial: 64 prefixes over 4 endpoints leave
     the busiest with about 20 where the mean is 16, and when every prefix draws alike that
@@ -190,7 +191,7 @@ class PlacedShares:
     only among the endpoints within ``slack`` of the mean share (consistent hashing with bounded
     loads, the load being the prefixes placed) holds the spread to ``slack``, as the SGLang
     router's "smallest tree first" does; the hash still decides among them, so replicas with
-    similar views agree. Counts decay by ``1 - decay`` per placement, so the bound follows what
+    similar views agree. Counts decay by ``1 - decay`` per addition, so the bound follows what
     the endpoints hold now, not a prefix placed an hour ago. One float per endpoint in the pool.
     """
 
@@ -213,8 +214,8 @@ class PlacedShares:
         bound = (1.0 + self.slack) * (sum(counts) + self._unit) / len(counts)
         return [i for i, c in enumerate(counts) if c < bound]
 
-    def placed(self, hostport: str) -> None:
-        """A prefix no endpoint held was routed to ``hostport``."""
+    def add(self, hostport: str) -> None:
+        """``hostport`` was given one more (a new prefix, a request)."""
         self._unit /= 1.0 - self._decay
         if self._unit > 1e12:  # rescale before the floats lose their resolution
             self._counts = {h: c / self._unit for h, c in self._counts.items()}

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from endpoint_picker.requests import LLMRequest, priority_of
 from endpoint_picker.scheduling.adapters import NO_ADAPTER, AdapterFlights, adapter_features
 from endpoint_picker.scheduling.lifecycle import Finished, InFlight, Routed, remember
-from endpoint_picker.scheduling.placement import PlacedShares, Placement
+from endpoint_picker.scheduling.placement import Placement, RecentShares
 from endpoint_picker.scheduling.predictor import LatencyPredictor, Prediction, PredictorObserver
 from endpoint_picker.scheduling.prefix import (
     CHARS_PER_TOKEN,
@@ -86,7 +86,7 @@ class PredictionSource:
         self._capacity: dict[str, int] = {}
         self._candidates: Sequence[EndpointState] = ()  # of the last request scored
         self._placement = Placement()
-        self.shares = PlacedShares()
+        self.shares = RecentShares()
         # the candidate (index) that rendezvous hashing of the prompt's first block names, for
         # the request last featured when no candidate holds any of its blocks; else None
         self.placed: int | None = None
@@ -229,7 +229,7 @@ class PredictionSource:
         hashes = self._hashes.pop(request.request_id, None)
         if hashes:
             if not self.index.held(hashes[0]):
-                self.shares.placed(event.endpoint)
+                self.shares.add(event.endpoint)
             self.index.insert(event.endpoint, hashes, self._capacity_of(event.endpoint))
         self.predictor.on_routed(event)
         flight_ktok = self.predictor.routed_uncached(event.request.request_id)

@@ -41,8 +41,8 @@ BAD_CONFIGS = [
     (
         cfg("plugins:\n- type: queue-scorer\n- type: foo\n"),
         "plugins[1].type",
-        'unknown plugin type "foo" (known: bounded-load-filter, candidate-sampler, '
-        "inflight-load-scorer,",
+        'unknown plugin type "foo" (known: bounded-load-filter, bounded-share-filter, '
+        "candidate-sampler, inflight-load-scorer,",
     ),
     (
         cfg("plugins:\n- type: queue-scorer\n- type: queue-scorer\n"),

@@ -8,7 +8,7 @@ import random
 from tests.unit.scheduling.builders import endpoint
 from tests.unit.scheduling.test_scheduling_prefix import completion, with_headers
 
-from endpoint_picker.scheduling.placement import PlacedShares, Placement, stable_hash
+from endpoint_picker.scheduling.placement import Placement, RecentShares, stable_hash
 from endpoint_picker.scheduling.plugins.affinity import PrefixCacheScorer
 from endpoint_picker.scheduling.plugins.session import SessionAffinityScorer
 
@@ -91,7 +91,7 @@ def test_place_is_rendezvous_over_the_candidates_or_the_first_of_a_ring_walk_amo
     assert placement.place(key, ["10.0.0.9:8000"], candidates) is None
 
 
-def _spread(shares: PlacedShares | None, keys: int, hostports: list[str]) -> float:
+def _spread(shares: RecentShares | None, keys: int, hostports: list[str]) -> float:
     """Max over mean of the prefixes each endpoint gets when ``keys`` new prefixes are placed
     by rendezvous hashing (bounded by ``shares`` when given)."""
     placement = Placement()
@@ -102,7 +102,7 @@ def _spread(shares: PlacedShares | None, keys: int, hostports: list[str]) -> flo
         chosen = hostports[eligible[placement.pick(key_hash, [hostports[i] for i in eligible])]]
         counts[chosen] += 1
         if shares:
-            shares.placed(chosen)
+            shares.add(chosen)
     return max(counts.values()) / (keys / len(hostports))
 
 
@@ -111,23 +111,23 @@ def test_placed_shares_bound_the_spread_that_hashing_alone_leaves() -> None:
     above the mean (the multinomial spread); bounded by the shares placed, slack and one prefix."""
     hostports = [f"10.0.0.{i}:8000" for i in range(4)]
     assert _spread(None, 64, hostports) >= 1.2
-    assert _spread(PlacedShares(slack=0.1), 64, hostports) <= 1.1 + 1 / 16  # 18 of 16
+    assert _spread(RecentShares(slack=0.1), 64, hostports) <= 1.1 + 1 / 16  # 18 of 16
 
 
 def test_placed_shares_decay_and_forget_endpoints_that_left() -> None:
     """Old placements fade (a prefix placed long ago no longer holds an endpoint back), and an
     endpoint that left the pool is forgotten (one float per endpoint in the pool)."""
-    shares = PlacedShares(slack=0.0, decay=0.5)
+    shares = RecentShares(slack=0.0, decay=0.5)
     for _ in range(10):
-        shares.placed("a:1")
+        shares.add("a:1")
     assert shares.eligible(["a:1", "b:1"]) == [1]
     for _ in range(3):
-        shares.placed("b:1")
+        shares.add("b:1")
     assert shares.eligible(["a:1", "b:1"]) == [0]  # a's ten faded below b's recent three
     shares.purge(frozenset({"a:1"}))  # b left: its count is forgotten, so a new b starts free
     assert shares.eligible(["a:1", "b:1"]) == [0, 1]
     for _ in range(2000):  # 2**2000 overflows a float: the growing unit must be rescaled
-        shares.placed("b:1")
+        shares.add("b:1")
     for _ in range(3):
-        shares.placed("a:1")
+        shares.add("a:1")
     assert shares.eligible(["a:1", "b:1"]) == [1]  # a's last three outweigh b's decayed 2000

@@ -26,12 +26,14 @@ from endpoint_picker.scheduling.plugins.scorers import (
     RunningRequestsSizeScorer,
 )
 from endpoint_picker.scheduling.plugins.session import SessionAffinityScorer
+from endpoint_picker.scheduling.plugins.share import BoundedShareFilter
 from endpoint_picker.scheduling.plugins.slo import SloAwareScorer, SloSaturationDetector
 from endpoint_picker.scheduling.registry import PluginRegistry
 from endpoint_picker.scheduling.saturation import UtilizationDetector
 
 __all__ = [
     "BoundedLoadFilter",
+    "BoundedShareFilter",
     "CandidateSampler",
     "InFlightLoadScorer",
     "KVCacheUtilizationScorer",
@@ -68,6 +70,7 @@ def register_builtins(registry: PluginRegistry) -> None:
     registry.register("utilization-detector", UtilizationDetector.from_params)
     registry.register("single-profile-handler", SingleProfileHandler.from_params)
     registry.register("bounded-load-filter", BoundedLoadFilter.from_params)
+    registry.register("bounded-share-filter", BoundedShareFilter.from_params)
     registry.register("candidate-sampler", CandidateSampler.from_params)
     registry.register("inflight-load-scorer", InFlightLoadScorer.from_params)
     registry.register("prefix-cache-scorer", PrefixCacheScorer.from_params)
