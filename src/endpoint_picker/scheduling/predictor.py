@@ -141,7 +141,7 @@ class LatencyPredictor:
 
     __slots__ = (
         "_ahead", "_clock", "_expected", "_flights", "_forgetting", "_live", "_models", "_pooled",
-        "_unstarted",
+        "_queued", "_unstarted",
     )  # fmt: skip
 
     def __init__(
@@ -156,6 +156,8 @@ class LatencyPredictor:
         self._flights: OrderedDict[str, _Flight] = OrderedDict()
         self._ahead: dict[str, float] = {}  # uncached ktok routed here and not started
         self._unstarted: dict[str, int] = {}
+        # per endpoint, the streamed requests routed there and not started, oldest first
+        self._queued: dict[str, OrderedDict[str, float]] = {}
         self._live: frozenset[str] | None = None  # the pool's endpoints, once told
 
     def _new_model(self) -> _EndpointModel:
@@ -182,6 +184,16 @@ class LatencyPredictor:
     def ahead(self, hostport: str) -> tuple[float, int]:
         """(uncached ktok, requests) routed to ``hostport`` by this EPP and not started."""
         return self._ahead.get(hostport, 0.0), self._unstarted.get(hostport, 0)
+
+    def head_wait(self, hostport: str) -> float:
+        """Seconds the oldest streamed request routed to ``hostport`` and not started has
+        waited (0: none). A request queued there now waits about as long: the head-of-line
+        delay predictor of queueing theory. It sees a queue building at once, where the fitted
+        model learns of it only when the queued requests start, a queue's wait too late."""
+        queued = self._queued.get(hostport)
+        if not queued:
+            return 0.0
+        return max(0.0, self._clock() - next(iter(queued.values())))
 
     def predict(
         self, hostport: str, ttft_x: Sequence[float], tpot_x: Sequence[float]
@@ -261,18 +273,21 @@ class LatencyPredictor:
         rid = request.request_id
         old = self._flights.pop(rid, None)
         if old is not None and old.started_at is None:  # routed again: move its work
-            self._leave_ahead(old)
+            self._leave_ahead(rid, old)
         features = self._expected.pop(rid, None)
         ttft_x, tpot_x = features.get(event.endpoint, (None, None)) if features else (None, None)
         uncached = ttft_x[1] if ttft_x is not None else 0.0
-        flight = _Flight(event.endpoint, self._clock(), ttft_x, tpot_x, uncached, request.stream)
+        now = self._clock()
+        flight = _Flight(event.endpoint, now, ttft_x, tpot_x, uncached, request.stream)
         self._flights[rid] = flight
+        if request.stream:  # a response that is not streamed starts only when it ends
+            self._queued.setdefault(event.endpoint, OrderedDict())[rid] = now
         self._ahead[event.endpoint] = self._ahead.get(event.endpoint, 0.0) + uncached
         self._unstarted[event.endpoint] = self._unstarted.get(event.endpoint, 0) + 1
         if len(self._flights) > REQUESTS_REMEMBERED:  # a request whose finish never came
-            _, dropped = self._flights.popitem(last=False)
+            dropped_id, dropped = self._flights.popitem(last=False)
             if dropped.started_at is None:
-                self._leave_ahead(dropped)
+                self._leave_ahead(dropped_id, dropped)
 
     def on_started(self, request_id: str) -> None:
         flight = self._flights.get(request_id)
@@ -280,7 +295,7 @@ class LatencyPredictor:
             return
         now = self._clock()
         flight.started_at = now
-        self._leave_ahead(flight)
+        self._leave_ahead(request_id, flight)
         if flight.learn_ttft and flight.ttft_x is not None and self._is_live(flight.endpoint):
             ttft = now - flight.routed_at
             m = self.model(flight.endpoint)
@@ -297,7 +312,7 @@ class LatencyPredictor:
         if flight is None:
             return
         if flight.started_at is None:
-            self._leave_ahead(flight)
+            self._leave_ahead(event.request_id, flight)
             return
         tokens = event.output_tokens
         if not event.ok or tokens is None or tokens < 2 or flight.tpot_x is None:
@@ -315,12 +330,15 @@ class LatencyPredictor:
 
     def on_endpoints(self, hostports: frozenset[str]) -> None:
         self._live = hostports
-        for table in (self._models, self._ahead, self._unstarted):
+        for table in (self._models, self._ahead, self._unstarted, self._queued):
             for gone in [h for h in table if h not in hostports]:
                 del table[gone]
 
-    def _leave_ahead(self, flight: _Flight) -> None:
+    def _leave_ahead(self, request_id: str, flight: _Flight) -> None:
         endpoint = flight.endpoint
+        queued = self._queued.get(endpoint)
+        if queued is not None and queued.pop(request_id, None) is not None and not queued:
+            del self._queued[endpoint]
         if endpoint in self._unstarted:
             left = self._unstarted[endpoint] - 1
             ahead = self._ahead.get(endpoint, 0.0) - flight.uncached

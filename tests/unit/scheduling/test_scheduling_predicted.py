@@ -94,6 +94,28 @@ def test_cached_prefix_behind_a_queue_against_an_idle_server_is_decided_by_secon
     assert max(scores) == 1.0
 
 
+def test_a_queue_that_built_before_the_fit_saw_it_costs_its_head_of_line_wait() -> None:
+    """Requests routed to the prefix's holder that have not started for 3 s make it lose to an
+    idle endpoint, though the fitted model (which learns of a queue only as it drains) still
+    prices the wait below the prefill; with ``headOfLineWait`` off the holder still wins."""
+    now = [1000.0]
+    cached, idle = endpoint(), endpoint()
+    for head_wait, winner in ((True, "idle"), (False, "cached")):
+        source = PredictionSource(LatencyPredictor(lambda: now[0]), InFlight(lambda: now[0]))
+        for e in (cached, idle):
+            source.predictor.model(e.hostport).ttft.theta = list(PREFILL_BOUND)
+        cache_prompt_on(source, cached)
+        scorer = PredictedLatencyScorer(source, head_wait=head_wait)
+        lifecycle = Lifecycle([source], [source], [source])
+        for _ in range(3):  # queued at the holder, not started
+            queued = completion()
+            scorer.score(queued, [cached])
+            lifecycle.routed(queued, cached.hostport)
+        now[0] += 3.0
+        scores = scorer.score(completion(), [cached, idle])
+        assert ("cached" if scores[0] > scores[1] else "idle") == winner
+
+
 def test_uncached_tokens_come_from_the_prefix_index() -> None:
     """The request's uncached prompt is nearly all of it where nothing is cached and only its
     question where the prefix is."""

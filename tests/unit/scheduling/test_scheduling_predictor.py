@@ -164,6 +164,27 @@ def test_work_ahead_counts_routed_requests_until_they_start() -> None:
     assert p.ahead("e:1") == (0.0, 0)
 
 
+def test_head_wait_is_the_age_of_the_oldest_streamed_request_not_started() -> None:
+    """The head-of-line wait: how long the oldest streamed request routed to an endpoint and not
+    started has waited; it moves on when that one starts or ends, and ignores requests that are
+    not streamed (their first bytes are their last)."""
+    clock = Clock()
+    p = LatencyPredictor(clock)
+    x = (1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    first, second, whole = (replace(request(), request_id=f"r{next(_ids)}") for _ in range(3))
+    for req, stream in ((whole, False), (first, True), (second, True)):
+        p.expect(req.request_id, {"e:1": (x, (1.0, 0.1, 0.0, 0.0))})
+        p.on_routed(Routed(replace(req, stream=stream), "e:1"))
+        clock.now += 1.0
+    assert p.head_wait("e:1") == pytest.approx(2.0)  # first, routed at 101 (whole at 100)
+    assert p.head_wait("e:2") == 0.0
+    p.on_started(first.request_id)
+    assert p.head_wait("e:1") == pytest.approx(1.0)
+    p.on_finished(Finished(second.request_id, False))  # a stream that never started
+    assert p.head_wait("e:1") == 0.0
+    assert p._queued == {}
+
+
 def test_state_is_bounded() -> None:
     """Requests that never finish are forgotten past REQUESTS_REMEMBERED (their work ahead
     with them); endpoints that leave the pool are dropped."""
@@ -178,6 +199,7 @@ def test_state_is_bounded() -> None:
     p.predict("e:2", x, (1.0, 0.1, 0.0, 0.0))
     p.on_endpoints(frozenset({"e:2"}))
     assert p.ahead("e:1") == (0.0, 0)
+    assert p.head_wait("e:1") == 0.0
     assert set(p._models) == {"e:2"}
 
 

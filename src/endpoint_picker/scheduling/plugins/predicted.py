@@ -41,7 +41,7 @@ class PredictedLatencyScorer:
     """``best cost / cost`` per endpoint, cost = predicted TTFT + ``tpotWeight`` x TPOT; with
     an objective, endpoints predicted (P90) to meet it score in [0.5, 1], the others below."""
 
-    __slots__ = ("_clock", "_others", "_source", "_tpot_weight", "request_headers")
+    __slots__ = ("_clock", "_head_wait", "_others", "_source", "_tpot_weight", "request_headers")
 
     def __init__(
         self,
@@ -50,8 +50,10 @@ class PredictedLatencyScorer:
         clock: Callable[[], float] = time.monotonic,
         *,
         others_weight: float = 1.0,
+        head_wait: bool = True,
     ) -> None:
         self._source = source
+        self._head_wait = head_wait
         source.scored = True
         self._tpot_weight = tpot_weight
         self._others = others_weight
@@ -68,6 +70,7 @@ class PredictedLatencyScorer:
             params.number("tpotWeight", 1.0, minimum=0.0, maximum=10_000.0),
             ctx.clock,
             others_weight=params.number("othersWeight", 1.0, minimum=0.0, maximum=10_000.0),
+            head_wait=params.boolean("headOfLineWait", True),
         )
 
     @property
@@ -77,13 +80,18 @@ class PredictedLatencyScorer:
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
         source = self._source
         features = source.features(request, endpoints)
-        means = source.predictor.means
+        predictor = source.predictor
+        means, head_wait = predictor.means, predictor.head_wait
+        floor = self._head_wait
         w, others = self._tpot_weight, self._others
         # The request's own prefill also holds up every request waiting or running there (one
         # longer step each): the latency it adds to the others, in seconds, counts too.
         costs = []
         for e, (x, tx) in zip(endpoints, features, strict=True):
             ttft, tpot, prefill = means(e.hostport, x, tx)
+            if floor:  # a queue builds before its waits teach the fit
+                wait = head_wait(e.hostport)
+                ttft = ttft if ttft > wait else wait
             costs.append(ttft + w * tpot + others * prefill * 10.0 * (x[3] + x[4]))
         if source.placed is not None:  # a new prefix: near-equal costs go where every replica
             costs[source.placed] *= 1.0 - PLACEMENT_PREFERENCE  # would send it (placement.py)
