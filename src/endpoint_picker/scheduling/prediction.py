@@ -64,7 +64,7 @@ class PredictionSource:
     __slots__ = (
         "_adapter_of", "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback",
         "_hashes", "_inflight", "_max_blocks", "_objectives", "_placement", "adapters", "index",
-        "placed", "predictor", "scored", "shares", "typical_ktok",
+        "over_share", "placed", "predictor", "scored", "shares", "typical_ktok",
     )  # fmt: skip
 
     def __init__(
@@ -90,6 +90,8 @@ class PredictionSource:
         # the candidate (index) that rendezvous hashing of the prompt's first block names, for
         # the request last featured when no candidate holds any of its blocks; else None
         self.placed: int | None = None
+        # for a new prefix, the candidates past their share of new prefixes (indexes)
+        self.over_share: list[int] = []
         self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         # the adapter of each featured request that names one, until it is routed
         self._adapter_of: OrderedDict[str, str] = OrderedDict()
@@ -121,10 +123,14 @@ class PredictionSource:
         hostports = [e.hostport for e in endpoints]
         matched = self.index.match(hashes, hostports) if hashes else [0] * len(hostports)
         self.placed = None
+        self.over_share = []
         if hashes and hostports and not any(matched):  # by hash, among those under their share
             eligible = self.shares.eligible(hostports)
             pick = self._placement.pick(hashes[0], [hostports[i] for i in eligible])
             self.placed = eligible[pick]
+            if len(eligible) < len(hostports):
+                within = set(eligible)
+                self.over_share = [i for i in range(len(hostports)) if i not in within]
         block_ktok = self._block_tokens / 1000.0
         base = is_base_model(request.target_model, endpoints)
         adapter = None if base else request.target_model

@@ -323,6 +323,21 @@ def test_a_new_prefix_is_not_placed_on_an_endpoint_over_its_share_of_new_prefixe
     assert max(counts.values()) <= 11  # 10 each, one ahead at most
 
 
+def test_a_new_prefix_never_goes_to_an_endpoint_past_its_share_though_it_looks_idlest() -> None:
+    """At a cold start the idlest-looking endpoint would take every new prefix its cost favours;
+    past its share of new prefixes it scores 0 for one, and still competes for cached ones."""
+    idle, busy = endpoint(), endpoint(queue=5)
+    source = source_with(QUEUE_BOUND, [idle, busy])
+    scorer = PredictedLatencyScorer(source)
+    for _ in range(4):
+        source.shares.add(idle.hostport)  # idle took the last four new prefixes
+    scores = scorer.score(completion(), [idle, busy])
+    assert scores == [0.0, 1.0]
+    cache_prompt_on(source, idle)  # a request whose prefix idle holds is not a new prefix
+    scores = scorer.score(completion(), [idle, busy])
+    assert scores[0] == 1.0
+
+
 def test_the_unloaded_bound_is_floored_by_the_fastest_observed_first_tokens() -> None:
     """A fit whose intercept came out near zero would call any load "2x unloaded"; the bound
     is at least factor x about the 10th percentile of the endpoint's observed TTFT."""

@@ -19,6 +19,7 @@ left is Critical's).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -95,6 +96,10 @@ class PredictedLatencyScorer:
             costs.append(ttft + w * tpot + others * prefill * 10.0 * (x[3] + x[4]))
         if source.placed is not None:  # a new prefix: near-equal costs go where every replica
             costs[source.placed] *= 1.0 - PLACEMENT_PREFERENCE  # would send it (placement.py)
+            # and never to an endpoint past its share of new prefixes: one that looks idle at
+            # a cold start would otherwise take more prefixes than it can serve once they recur
+            for i in source.over_share:
+                costs[i] = math.inf
         ttft_objective, tpot_objective = request_objectives(request)
         if ttft_objective is None and tpot_objective is None:
             best = min(costs)
@@ -108,7 +113,9 @@ class PredictedLatencyScorer:
             and (tpot_objective is None or p.tpot_p90 <= tpot_objective)
             for p in predictions
         ]
-        best_meeting = min((c for c, ok in zip(costs, meets, strict=True) if ok), default=None)
+        best_meeting = min(
+            (c for c, ok in zip(costs, meets, strict=True) if ok and c < math.inf), default=None
+        )
         best = min(costs)
         return [
             0.5 + 0.5 * best_meeting / c if ok and best_meeting is not None else 0.5 * best / c
