@@ -31,6 +31,7 @@ OBJECTIVE_WINDOW = 30.0  # seconds an objective seen on a request holds for its 
 MAX_PRIORITIES = 64
 _SHARED_KEY = "predicted-latency"
 _TYPICAL_SMOOTHING = 0.02
+_OUTPUT_LIMIT = 1_000_000  # output tokens a response may claim and still count (a server's word)
 
 
 def header_objectives(headers: Mapping[str, str]) -> tuple[float | None, float | None]:
@@ -65,6 +66,7 @@ class PredictionSource:
         "_adapter_of", "_block_chars", "_block_tokens", "_candidates", "_capacity", "_fallback",
         "_hashes", "_inflight", "_max_blocks", "_objectives", "_placement", "adapters", "index",
         "over_share", "placed", "predictor", "scored", "shares", "typical_ktok",
+        "typical_output",
     )  # fmt: skip
 
     def __init__(
@@ -96,6 +98,7 @@ class PredictionSource:
         # the adapter of each featured request that names one, until it is routed
         self._adapter_of: OrderedDict[str, str] = OrderedDict()
         self.typical_ktok = 0.0  # recent mean of routed requests' uncached prompt (ktok)
+        self.typical_output = 0.0  # recent mean of finished requests' output tokens
         self.scored = False  # a predicted-latency-scorer features each request before routing
         self.adapters = AdapterFlights()
         # per priority: the tightest (TTFT, TPOT) objectives of its recent requests, with when
@@ -246,6 +249,9 @@ class PredictionSource:
         self.predictor.on_started(request_id)
 
     def on_finished(self, event: Finished) -> None:
+        tokens = event.output_tokens
+        if event.ok and tokens is not None and 0 < tokens <= _OUTPUT_LIMIT:
+            self.typical_output += _TYPICAL_SMOOTHING * (tokens - self.typical_output)
         self._hashes.pop(event.request_id, None)
         self._adapter_of.pop(event.request_id, None)
         self.adapters.finished(event.request_id)

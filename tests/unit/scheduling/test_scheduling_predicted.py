@@ -116,6 +116,28 @@ def test_a_queue_that_built_before_the_fit_saw_it_costs_its_head_of_line_wait() 
         assert ("cached" if scores[0] > scores[1] else "idle") == winner
 
 
+def test_decode_weight_weighs_the_whole_decode_a_request_joins() -> None:
+    """With ``decodeWeight`` the cost counts TPOT x a typical response's tokens (learned from
+    finished requests): a cached prefix on a server decoding at half speed loses to a fast
+    server without it; with the weight at 0 (the default) the TTFT-first cost keeps it."""
+    slow, fast = endpoint(), endpoint()
+    for weight, winner in ((1.0, "fast"), (0.0, "slow")):
+        source = source_with(PREFILL_BOUND, [slow, fast])
+        source.predictor.model(slow.hostport).tpot.theta = [0.04, 0.0, 0.0, 0.0]
+        source.predictor.model(fast.hostport).tpot.theta = [0.02, 0.0, 0.0, 0.0]
+        cache_prompt_on(source, slow)
+        lifecycle = Lifecycle([source], [source], [source])
+        for _ in range(300):  # finished requests of 100 output tokens teach the typical output
+            done = completion()
+            lifecycle.routed(done, fast.hostport)
+            lifecycle.finished(done.request_id, True, None, 100)
+        assert source.typical_output == pytest.approx(100, rel=0.01)
+        scores = PredictedLatencyScorer(source, decode_weight=weight).score(
+            completion(), [slow, fast]
+        )
+        assert ("slow" if scores[0] > scores[1] else "fast") == winner
+
+
 def test_uncached_tokens_come_from_the_prefix_index() -> None:
     """The request's uncached prompt is nearly all of it where nothing is cached and only its
     question where the prefix is."""

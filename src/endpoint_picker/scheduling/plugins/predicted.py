@@ -42,7 +42,9 @@ class PredictedLatencyScorer:
     """``best cost / cost`` per endpoint, cost = predicted TTFT + ``tpotWeight`` x TPOT; with
     an objective, endpoints predicted (P90) to meet it score in [0.5, 1], the others below."""
 
-    __slots__ = ("_clock", "_head_wait", "_others", "_source", "_tpot_weight", "request_headers")
+    __slots__ = (
+        "_clock", "_decode", "_head_wait", "_others", "_source", "_tpot_weight", "request_headers",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -52,7 +54,9 @@ class PredictedLatencyScorer:
         *,
         others_weight: float = 1.0,
         head_wait: bool = True,
+        decode_weight: float = 0.0,
     ) -> None:
+        self._decode = decode_weight
         self._source = source
         self._head_wait = head_wait
         source.scored = True
@@ -72,6 +76,7 @@ class PredictedLatencyScorer:
             ctx.clock,
             others_weight=params.number("othersWeight", 1.0, minimum=0.0, maximum=10_000.0),
             head_wait=params.boolean("headOfLineWait", True),
+            decode_weight=params.number("decodeWeight", 0.0, minimum=0.0, maximum=10_000.0),
         )
 
     @property
@@ -84,7 +89,9 @@ class PredictedLatencyScorer:
         predictor = source.predictor
         means, head_wait = predictor.means, predictor.head_wait
         floor = self._head_wait
-        w, others = self._tpot_weight, self._others
+        # the whole decode it joins (TPOT x a typical response's tokens): a slower server's
+        # steps, which a TTFT-first cost does not see once the request's prefix is cached there
+        w, others = self._tpot_weight + self._decode * source.typical_output, self._others
         # The request's own prefill also holds up every request waiting or running there (one
         # longer step each): the latency it adds to the others, in seconds, counts too.
         costs = []
