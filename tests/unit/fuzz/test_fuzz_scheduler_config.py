@@ -35,6 +35,7 @@ PARAMETERS = {
     "candidate-sampler": ["threshold", "size"],
     "stale-metrics-filter": ["stalenessThreshold"],
     "bounded-load-filter": ["factor", "slack", "smoothing", "burstFactor"],
+    "bounded-share-filter": ["slack", "window"],
     "prefix-cache-scorer": ["blockSizeTokens", "maxPrefixBlocksToMatch", "lruCapacityPerServer"],
     "session-affinity-scorer": ["sessionHeader", "maxSessions"],
     "inflight-load-scorer": [],
@@ -60,7 +61,13 @@ PARAMETERS = {
         "kvCacheUtilThreshold",
         "metricsStalenessThreshold",
     ],
-    "predicted-latency-scorer": ["tpotWeight", "othersWeight"],
+    "predicted-latency-scorer": [
+        "tpotWeight",
+        "othersWeight",
+        "placementSlack",
+        "headOfLineWait",
+        "decodeWeight",
+    ],
     "precise-prefix-cache-scorer": [
         "tokenProcessorConfig",
         "kvEventsConfig",
