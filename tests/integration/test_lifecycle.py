@@ -19,7 +19,7 @@ from tests.support.extproc import (
     started_app,
 )
 from tests.support.polling import until
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD, model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
 from endpoint_picker.extproc.tls import self_signed_certificate
@@ -40,7 +40,7 @@ async def _eventually(check, within: float = 5.0) -> None:  # type: ignore[no-un
 
 async def test_pool_file_edit_applies_and_bad_edit_keeps_last_good(tmp_path: Path) -> None:
     """An edit takes effect within a second; an invalid edit keeps the last good state."""
-    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    settings = make_settings(tmp_path, ONE_POD)
     pool_file = settings.pool.pool_file
     assert pool_file is not None
     raw = json_body({"model": "m", "prompt": "x"})
@@ -69,9 +69,7 @@ async def test_pool_file_edit_applies_and_bad_edit_keeps_last_good(tmp_path: Pat
 
 async def test_refused_empty_pool_shows_in_metrics_and_healthz(tmp_path: Path) -> None:
     """A pool file emptied by mistake keeps routing; /metrics and /healthz say it was refused."""
-    settings = make_settings(
-        tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")), reload_settle_time=0.1
-    )
+    settings = make_settings(tmp_path, ONE_POD, reload_settle_time=0.1)
     pool_file = settings.pool.pool_file
     assert pool_file is not None
     raw = json_body({"model": "m", "prompt": "x"})
@@ -125,7 +123,7 @@ async def test_tls_ext_proc_with_generated_certificate(tmp_path: Path) -> None:
     key, cert = self_signed_certificate()
     (tmp_path / "tls.key").write_bytes(key)
     (tmp_path / "tls.crt").write_bytes(cert)
-    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    settings = make_settings(tmp_path, ONE_POD)
     settings = replace(
         settings, server=replace(settings.server, secure_serving=True, cert_path=tmp_path)
     )
@@ -151,7 +149,7 @@ async def test_drain_finishes_open_streams_refuses_new_ones_and_reports_not_serv
     tmp_path: Path,
 ) -> None:
     """While draining: health says NOT_SERVING, new streams are refused, an open one finishes."""
-    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    settings = make_settings(tmp_path, ONE_POD)
     async with running_app(settings) as (app, client):
         health_port = app.ports.health
         call = client.stub.Process()
