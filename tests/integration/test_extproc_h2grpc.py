@@ -25,6 +25,7 @@ from h2.settings import SettingCodes
 from structlog.testing import capture_logs
 from tests.support.extproc import (
     body,
+    completion,
     error_of,
     headers,
     json_body,
@@ -409,7 +410,7 @@ async def test_the_retired_grpclib_stack_is_served_by_h2_with_a_warning(tmp_path
     with capture_logs() as logs:
         async with running_app(settings) as (app, client):
             assert isinstance(app._ext_server, H2GrpcServer)
-            out = await client.exchange([headers(), body(json_body({"model": "m", "prompt": "x"}))])
+            out = await client.exchange(completion())
             assert lb_metadata(out[0]) == "127.0.0.2:8000"
     warned = [e for e in logs if e.get("ext_proc_server") == "grpclib"]
     assert warned

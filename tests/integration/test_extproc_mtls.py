@@ -13,9 +13,7 @@ import pytest
 import pytest_asyncio
 from tests.support.extproc import (
     Client,
-    body,
-    headers,
-    json_body,
+    completion,
     lb_metadata,
     make_settings,
     started_app,
@@ -29,7 +27,7 @@ from endpoint_picker.errors import ConfigError
 # each test runs on both gRPC stacks of the ext_proc port (tests/integration/conftest.py)
 pytestmark = pytest.mark.usefixtures("ext_proc_server")
 
-REQUEST = [headers(), body(json_body({"model": "m", "prompt": "x"}))]
+REQUEST = completion()
 
 
 @pytest.fixture(scope="module")

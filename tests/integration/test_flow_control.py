@@ -14,10 +14,8 @@ import aiohttp
 import pytest
 from tests.support.extproc import (
     Client,
-    body,
+    completion,
     error_of,
-    headers,
-    json_body,
     lb_metadata,
     make_settings,
     running_app,
@@ -84,7 +82,7 @@ async def flow_app(
 
 
 def request(model_name: str) -> list[object]:
-    return [headers(), body(json_body({"model": model_name, "prompt": "hello"}))]
+    return completion(model_name, "hello")
 
 
 def scraped(app: App) -> bool:
@@ -220,10 +218,7 @@ async def test_a_subset_hinted_request_waits_for_its_own_endpoint_without_holdin
         flow = app.flow
         servers[0].metrics_text = BUSY
         await until(lambda: app.datastore.endpoint_states()[0].metrics.waiting_queue_size == 50)
-        hinted_messages = [
-            headers(subset=[servers[0].hostport]),
-            body(json_body({"model": "std", "prompt": "pinned"})),
-        ]
+        hinted_messages = completion("std", "pinned", subset=[servers[0].hostport])
         hinted = asyncio.create_task(client.exchange(hinted_messages))  # type: ignore[arg-type]
         await until(lambda: flow.waiting == 1)
         free = await asyncio.wait_for(send(client, "std", []), 5)
@@ -250,8 +245,7 @@ async def test_requests_that_expired_or_went_away_leave_nothing_in_the_epp(
 
         def large(i: int) -> list[object]:
             fairness = {"x-gateway-inference-fairness-id": f"tenant-{i}"}
-            payload = json_body({"model": "std", "prompt": prompt})
-            return [headers(extra=fairness), body(payload)]
+            return completion("std", prompt, extra=fairness)
 
         calls = []
         for i in range(5):  # these clients go away while their requests wait
@@ -287,8 +281,7 @@ async def test_only_an_ascii_expected_timeout_shortens_a_wait(tmp_path: Path) ->
         async def waited(header: str) -> tuple[int, float]:
             start = loop.time()
             extra = {"x-envoy-expected-rq-timeout-ms": header}
-            raw = json_body({"model": "std", "prompt": "hello"})
-            out = await client.exchange([headers(extra=extra), body(raw)])
+            out = await client.exchange(completion("std", "hello", extra=extra))
             status, payload = error_of(out[0])
             assert "timed out in queue" in payload["error"]["message"]
             return status, loop.time() - start

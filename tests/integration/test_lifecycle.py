@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.extproc import (
     body,
+    completion,
     headers,
     json_body,
     lb_metadata,
@@ -43,25 +44,24 @@ async def test_pool_file_edit_applies_and_bad_edit_keeps_last_good(tmp_path: Pat
     settings = make_settings(tmp_path, ONE_POD)
     pool_file = settings.pool.pool_file
     assert pool_file is not None
-    raw = json_body({"model": "m", "prompt": "x"})
     async with running_app(settings) as (_, client):
         pool_file.write_text(pool_yaml(pool(), model("m"), pod("b", "127.0.0.3")))
 
         async def moved() -> bool:
-            out = await client.exchange([headers(), body(raw)])
+            out = await client.exchange(completion())
             return lb_metadata(out[0]) == "127.0.0.3:8000"
 
         await _eventually(moved, within=1.5)
         for bad in (b"kind: InferenceModel\napiVersion: nope\n", b"\xff\xfe not text"):
             pool_file.write_bytes(bad)
             await asyncio.sleep(0.3)
-            out = await client.exchange([headers(), body(raw)])
+            out = await client.exchange(completion())
             assert lb_metadata(out[0]) == "127.0.0.3:8000"
         # the watch survived the bad edits: a good one still applies
         pool_file.write_text(pool_yaml(pool(), model("m"), pod("c", "127.0.0.4")))
 
         async def moved_again() -> bool:
-            out = await client.exchange([headers(), body(raw)])
+            out = await client.exchange(completion())
             return lb_metadata(out[0]) == "127.0.0.4:8000"
 
         await _eventually(moved_again, within=1.5)
@@ -72,7 +72,6 @@ async def test_refused_empty_pool_shows_in_metrics_and_healthz(tmp_path: Path) -
     settings = make_settings(tmp_path, ONE_POD, reload_settle_time=0.1)
     pool_file = settings.pool.pool_file
     assert pool_file is not None
-    raw = json_body({"model": "m", "prompt": "x"})
     async with running_app(settings) as (app, client), aiohttp.ClientSession() as session:
         base = f"http://127.0.0.1:{app.ports.metrics}"
         pool_file.write_text(pool_yaml(pool(), model("m")))
@@ -88,7 +87,7 @@ async def test_refused_empty_pool_shows_in_metrics_and_healthz(tmp_path: Path) -
         async with session.get(f"{base}/healthz") as reply:
             assert reply.status == 200  # still ready: the last good pool serves
             assert "refused" in await reply.text()
-        out = await client.exchange([headers(), body(raw)])
+        out = await client.exchange(completion())
         assert lb_metadata(out[0]) == "127.0.0.2:8000"
 
 

@@ -67,6 +67,14 @@ def json_body(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
+def completion(
+    model: str = "m", prompt: str = "x", **header_options: Any
+) -> list[pb.ProcessingRequest]:
+    """A completion request as Envoy sends it: its headers (``header_options`` as ``headers``
+    takes them), then its whole JSON body."""
+    return [headers(**header_options), body(json_body({"model": model, "prompt": prompt}))]
+
+
 def response_headers(
     content_type: str = "application/json",
     served: str | None = None,
