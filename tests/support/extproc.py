@@ -127,12 +127,17 @@ class Client:
         self.channel = channel
         self.stub = pb_grpc.ExternalProcessorStub(channel)
 
-    async def exchange(
-        self, messages: Iterable[pb.ProcessingRequest]
-    ) -> list[pb.ProcessingResponse]:
+    async def open(self, messages: Iterable[pb.ProcessingRequest]) -> grpc.aio.StreamStreamCall:
+        """A stream with ``messages`` written, left open for the test to read, write or end."""
         call = self.stub.Process()
         for message in messages:
             await call.write(message)
+        return call
+
+    async def exchange(
+        self, messages: Iterable[pb.ProcessingRequest]
+    ) -> list[pb.ProcessingResponse]:
+        call = await self.open(messages)
         await call.done_writing()
         return [r async for r in call]
 
