@@ -52,16 +52,21 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS_PAGE = REPO / "tests" / "unit" / "metrics" / "fixtures" / "vllm_v1_metrics.txt"  # data
 
 
-def direct_config(endpoints: list[str], listen_port: int, admin_port: int) -> str:
-    """The front Envoy without ext_proc: round robin over a static cluster."""
+def front_config(
+    endpoints: list[str], *, direct: bool, listen_port: int, admin_port: int, epp_port: int
+) -> str:
+    """The front Envoy: the reference config, or ``direct`` the same without ext_proc, round
+    robin over a static cluster of ``endpoints``."""
     text = envoy_config.render(
         "reference",
         listen_address="127.0.0.1",
         listen_port=listen_port,
         admin_port=admin_port,
+        epp_port=epp_port,
         epp_tls=False,
-        endpoints=endpoints,
     )
+    if not direct:
+        return text
     config = yaml.safe_load(text)
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     filters = hcm["typed_config"]["http_filters"]
@@ -164,17 +169,10 @@ _NOOP_SCRIPTS = {
 def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float, int, float]:
     endpoints = [f"127.0.0.{i + 2}:{args.backend_port}" for i in range(args.endpoints)]
     listen, admin, ext_port = free_port(), free_port(), free_port()
-    if mode == "direct":
-        config = direct_config(endpoints, listen, admin)
-    else:
-        config = envoy_config.render(
-            "reference",
-            listen_address="127.0.0.1",
-            listen_port=listen,
-            admin_port=admin,
-            epp_port=ext_port,
-            epp_tls=False,
-        )
+    direct = mode == "direct"
+    config = front_config(
+        endpoints, direct=direct, listen_port=listen, admin_port=admin, epp_port=ext_port
+    )
     (tmp / f"front-{mode}.yaml").write_text(config)
     with contextlib.ExitStack() as stack:
         processor: subprocess.Popen[bytes] | None = None

@@ -155,52 +155,27 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def completion_body(
-    rid: str, created: int, model: str, text: str, reason: str, use: dict[str, int]
+def response_body(
+    chat: bool, rid: str, created: int, model: str, text: str, reason: str, use: dict[str, int]
 ) -> bytes:
-    """A non-streaming ``text_completion`` response."""
-    choice = {
-        "index": 0,
-        "text": text,
-        "logprobs": None,
-        "finish_reason": reason,
-        "stop_reason": None,
-        "prompt_logprobs": None,
+    """A non-streaming response: a ``chat.completion`` or a ``text_completion``, worded as vLLM
+    words them (a completion's ``prompt_logprobs`` sits in its choice, a chat's beside them)."""
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+    else:
+        choice["text"] = text
+    choice.update(logprobs=None, finish_reason=reason, stop_reason=None)
+    response: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": use,
     }
-    return orjson.dumps(
-        {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": use,
-        }
-    )
-
-
-def chat_body(
-    rid: str, created: int, model: str, text: str, reason: str, use: dict[str, int]
-) -> bytes:
-    """A non-streaming ``chat.completion`` response."""
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text, "tool_calls": []},
-        "logprobs": None,
-        "finish_reason": reason,
-        "stop_reason": None,
-    }
-    return orjson.dumps(
-        {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": use,
-            "prompt_logprobs": None,
-        }
-    )
+    (response if chat else choice)["prompt_logprobs"] = None
+    return orjson.dumps(response)
 
 
 def sse(payload: dict[str, Any]) -> bytes:

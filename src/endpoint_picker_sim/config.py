@@ -39,31 +39,28 @@ class Profile:
         )
 
 
-PROFILES: dict[str, Profile] = {
-    # Llama-3.1-8B-Instruct (bf16) on vLLM on one H100 80GB: the coefficients the simulator's
-    # specification gives, with vLLM's KV cache size for that setup.
-    "llama-3.1-8b-h100": Profile(
-        name="llama-3.1-8b-h100",
-        base_us=1150.0,
-        prefill_floor_us=5680.0,
-        prefill_us_per_token=30.0,
-        decode_us_per_context_token=0.076,
-        us_per_request=4.4,
-        num_gpu_blocks=27000,
-    ),
-    # An estimate, not a measurement: the H100 profile scaled to an A100 80GB by memory bandwidth
-    # (3.35/2.04 TB/s) for the weight- and KV-bound terms and by bf16 FLOPs (989/312) for
-    # prefill; same memory, so the same KV capacity.
-    "llama-3.1-8b-a100": Profile(
-        name="llama-3.1-8b-a100",
-        base_us=1150.0,
-        prefill_floor_us=9330.0,
-        prefill_us_per_token=95.0,
-        decode_us_per_context_token=0.125,
-        us_per_request=4.4,
-        num_gpu_blocks=27000,
-    ),
-}
+# Llama-3.1-8B-Instruct (bf16) on vLLM on one H100 80GB: the coefficients the simulator's
+# specification gives, with vLLM's KV cache size for that setup.
+_H100 = Profile(
+    name="llama-3.1-8b-h100",
+    base_us=1150.0,
+    prefill_floor_us=5680.0,
+    prefill_us_per_token=30.0,
+    decode_us_per_context_token=0.076,
+    us_per_request=4.4,
+    num_gpu_blocks=27000,
+)
+# An estimate, not a measurement: the H100 profile scaled to an A100 80GB by memory bandwidth
+# (3.35/2.04 TB/s) for the weight- and KV-bound terms and by bf16 FLOPs (989/312) for
+# prefill; same memory, so the same KV capacity.
+_A100 = replace(
+    _H100,
+    name="llama-3.1-8b-a100",
+    prefill_floor_us=9330.0,
+    prefill_us_per_token=95.0,
+    decode_us_per_context_token=0.125,
+)
+PROFILES: dict[str, Profile] = {p.name: p for p in (_H100, _A100)}
 DEFAULT_PROFILE = "llama-3.1-8b-h100"
 
 

@@ -219,8 +219,8 @@ class SimServer:
                 raise ApiError(503, "The server is shutting down.", "ServiceUnavailableError")
             text = generate_text(0, req.generated)
             use = api.usage(req.prompt_len, req.generated)
-            build = api.chat_body if chat else api.completion_body
-            body = build(rid, created, model, text, req.finish_reason or "length", use)
+            reason = req.finish_reason or "length"
+            body = api.response_body(chat, rid, created, model, text, reason, use)
             return web.Response(body=body, content_type=_JSON)
         finally:
             # The client went away or the server stops: give the blocks back.

@@ -57,16 +57,7 @@ def extend_block_hashes(
 ) -> tuple[int, ...]:
     """Hashes of the full blocks of ``text`` after the ``known`` leading ones (which must be the
     hashes of ``text``'s first blocks): how a finished request's generated blocks get cached."""
-    step = block_size * CHARS_PER_TOKEN
-    full = len(text) // step
-    if max_blocks is not None:
-        full = min(full, max_blocks)
-    parent = known[-1] if known else hash(("sim-root", lora))
-    out: list[int] = []
-    for i in range(len(known), full):
-        parent = hash((parent, text[i * step : (i + 1) * step]))
-        out.append(parent)
-    return tuple(out)
+    return _chain(text, block_size * CHARS_PER_TOKEN, lora, known, max_blocks)
 
 
 def token_id_block_hashes(ids: Sequence[int], block_size: int, lora: str | None) -> tuple[int, ...]:
@@ -82,13 +73,25 @@ def extend_id_hashes(
     max_blocks: int | None = None,
 ) -> tuple[int, ...]:
     """Hashes of the full blocks of ``ids`` after the ``known`` leading ones, chained from them."""
-    full = len(ids) // block_size
+    return _chain(tuple(ids), block_size, lora, known, max_blocks)
+
+
+def _chain(
+    units: str | tuple[int, ...],
+    step: int,
+    lora: str | None,
+    known: tuple[int, ...],
+    max_blocks: int | None,
+) -> tuple[int, ...]:
+    """The chained hashes of the full ``step``-unit blocks of ``units`` (characters or token ids;
+    a slice of either is hashable) after the ``known`` ones, at most ``max_blocks`` in all."""
+    full = len(units) // step
     if max_blocks is not None:
         full = min(full, max_blocks)
     parent = known[-1] if known else hash(("sim-root", lora))
     out: list[int] = []
     for i in range(len(known), full):
-        parent = hash((parent, tuple(ids[i * block_size : (i + 1) * block_size])))
+        parent = hash((parent, units[i * step : (i + 1) * step]))
         out.append(parent)
     return tuple(out)
 

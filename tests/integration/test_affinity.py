@@ -12,6 +12,7 @@ from tests.support.extproc import (
     FakeClock,
     all_scraped_at,
     body,
+    completion,
     headers,
     json_body,
     lb_metadata,
@@ -67,12 +68,7 @@ async def complete(
 ) -> tuple[str, dict[str, str]]:  # type: ignore[no-untyped-def]
     """One request through its whole lifecycle; the endpoint and the response headers set."""
     out = await client.exchange(
-        [
-            headers(extra=extra),
-            body(json_body({"model": "crit", "prompt": prompt})),
-            response_headers(),
-            response_body(b"{}"),
-        ]
+        [*completion("crit", prompt, extra=extra), response_headers(), response_body(b"{}")]
     )
     set_headers = {
         h.header.key: h.header.raw_value.decode()

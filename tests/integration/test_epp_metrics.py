@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from tests.support.extproc import (
     body,
+    completion,
     headers,
     json_body,
     make_settings,
@@ -45,7 +46,7 @@ async def test_metrics_after_known_requests(tmp_path: Path) -> None:
                     response_body(sse),
                 ]
             )
-        await client.exchange([headers(), body(json_body({"model": "nope", "prompt": "x"}))])
+        await client.exchange(completion("nope"))
         await client.exchange([headers("/v1/models", method="GET", end_of_stream=True)])
         await client.exchange(
             [headers(), body(request), response_headers(status=503), response_body(b"{}")]

@@ -25,6 +25,7 @@ from h2.settings import SettingCodes
 from structlog.testing import capture_logs
 from tests.support.extproc import (
     body,
+    completion,
     error_of,
     headers,
     json_body,
@@ -43,7 +44,7 @@ from tests.support.h2client import (
     trailers,
 )
 from tests.support.pki import make_pki
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD
 
 from endpoint_picker.app import App
 from endpoint_picker.extproc import h2grpc, wire
@@ -56,11 +57,9 @@ from endpoint_picker.extproc.h2grpc import (
 from endpoint_picker.extproc.server import ExternalProcessor, HealthState
 from endpoint_picker.settings import Settings
 
-POOL = pool_yaml(pool(), model("m"), pod("a", "127.0.0.2"))
-
 
 def h2_settings(tmp_path: Path) -> Settings:
-    settings = make_settings(tmp_path, POOL)
+    settings = make_settings(tmp_path, ONE_POD)
     return replace(settings, server=replace(settings.server, ext_proc_server="h2"))
 
 
@@ -406,12 +405,12 @@ async def test_the_drain_waits_for_a_status_held_for_the_clients_half_close() ->
 
 
 async def test_the_retired_grpclib_stack_is_served_by_h2_with_a_warning(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, POOL)
+    settings = make_settings(tmp_path, ONE_POD)
     settings = replace(settings, server=replace(settings.server, ext_proc_server="grpclib"))
     with capture_logs() as logs:
         async with running_app(settings) as (app, client):
             assert isinstance(app._ext_server, H2GrpcServer)
-            out = await client.exchange([headers(), body(json_body({"model": "m", "prompt": "x"}))])
+            out = await client.exchange(completion())
             assert lb_metadata(out[0]) == "127.0.0.2:8000"
     warned = [e for e in logs if e.get("ext_proc_server") == "grpclib"]
     assert warned

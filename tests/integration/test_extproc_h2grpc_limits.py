@@ -28,7 +28,7 @@ from tests.support.h2client import (
     trailers,
 )
 from tests.support.polling import until
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD
 
 from endpoint_picker.app import App
 from endpoint_picker.extproc.h2grpc import HEALTH_CHECK_PATH, PROCESS_PATH
@@ -234,7 +234,7 @@ async def test_a_peer_gone_silent_loses_its_connection_and_its_streams_release_w
     """An Envoy that vanishes without closing (it answers nothing, not even a PING): after the
     keepalive time and timeout its connection is closed, and the stream slot and the body
     bytes its request held are released."""
-    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    settings = make_settings(tmp_path, ONE_POD)
     limits = GrpcConnectionSettings(keepalive_time=0.2, keepalive_timeout=0.2)
     server = replace(settings.server, ext_proc_server="h2", connections=limits)
     async with started_app(replace(settings, server=server)) as app:

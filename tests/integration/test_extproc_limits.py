@@ -21,7 +21,7 @@ from tests.support.extproc import (
     running_app,
 )
 from tests.support.polling import until
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD
 
 from endpoint_picker.app import App
 from endpoint_picker.settings import Settings
@@ -29,13 +29,12 @@ from endpoint_picker.settings import Settings
 # each test runs on both gRPC stacks of the ext_proc port (tests/integration/conftest.py)
 pytestmark = pytest.mark.usefixtures("ext_proc_server")
 
-POOL = pool_yaml(pool(), model("m"), pod("a", "127.0.0.2"))
 RAW = json_body({"model": "m", "prompt": "x" * 450_000})  # one request body, ~450 kB
 PART = 400_000  # what each open stream holds before it finishes its body
 
 
 def limited(tmp_path: Path, **server: Any) -> Settings:
-    settings = make_settings(tmp_path, POOL)
+    settings = make_settings(tmp_path, ONE_POD)
     return replace(settings, server=replace(settings.server, **server))
 
 

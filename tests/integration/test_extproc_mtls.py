@@ -13,15 +13,13 @@ import pytest
 import pytest_asyncio
 from tests.support.extproc import (
     Client,
-    body,
-    headers,
-    json_body,
+    completion,
     lb_metadata,
     make_settings,
     started_app,
 )
 from tests.support.pki import KeyPair, Pki, make_pki, with_mtls
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD
 
 from endpoint_picker.app import App
 from endpoint_picker.errors import ConfigError
@@ -29,8 +27,7 @@ from endpoint_picker.errors import ConfigError
 # each test runs on both gRPC stacks of the ext_proc port (tests/integration/conftest.py)
 pytestmark = pytest.mark.usefixtures("ext_proc_server")
 
-POOL = pool_yaml(pool(), model("m"), pod("a", "127.0.0.2"))
-REQUEST = [headers(), body(json_body({"model": "m", "prompt": "x"}))]
+REQUEST = completion()
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +38,7 @@ def pki() -> Pki:
 @pytest_asyncio.fixture
 async def mtls_app(tmp_path: Path, pki: Pki) -> AsyncIterator[App]:
     async with started_app(
-        with_mtls(make_settings(tmp_path, POOL), pki, tmp_path), drain_timeout=0.2
+        with_mtls(make_settings(tmp_path, ONE_POD), pki, tmp_path), drain_timeout=0.2
     ) as app:
         yield app
 
@@ -90,7 +87,7 @@ async def test_a_bad_client_ca_file_is_a_config_error(
     ca_file = tmp_path / "ca.crt"
     if content is not None:
         ca_file.write_bytes(content)
-    settings = make_settings(tmp_path, POOL)
+    settings = make_settings(tmp_path, ONE_POD)
     server = replace(settings.server, secure_serving=True, client_ca_file=ca_file)
     app = App(replace(settings, server=server))
     try:
@@ -110,7 +107,7 @@ async def test_a_bad_client_ca_file_is_a_config_error(
 )
 def test_client_ca_flag_errors_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:
     """`epp serve --client-ca-file` with plaintext serving or a non-PEM file: exit 2, one error."""
-    (tmp_path / "pool.yaml").write_text(POOL)
+    (tmp_path / "pool.yaml").write_text(ONE_POD)
     (tmp_path / "ca.crt").write_text("junk\n")
     args = [
         "--pool-file",

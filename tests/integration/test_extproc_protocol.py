@@ -14,6 +14,7 @@ from tests.support.extproc import (
     FULL_DUPLEX,
     Mode,
     body,
+    completion,
     error_of,
     header_map,
     headers,
@@ -64,9 +65,7 @@ async def test_full_duplex_routes_after_the_body_and_streams_it_back(tmp_path: P
 async def test_absent_protocol_config_means_full_duplex(tmp_path: Path) -> None:
     """Without protocol_config the stream is treated as FULL_DUPLEX_STREAMED."""
     async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
-        out = await client.exchange(
-            [headers(request_mode=None), body(json_body({"model": "m", "prompt": "hi"}))]
-        )
+        out = await client.exchange(completion("m", "hi", request_mode=None))
     assert [r.WhichOneof("response") for r in out] == ["request_headers", "request_body"]
 
 
@@ -216,9 +215,7 @@ async def test_no_ready_pods_is_503(tmp_path: Path) -> None:
     """A pool without Ready pods answers 503, for bodies and for headers-only requests."""
     text = pool_yaml(pool(api=V1), pod("a", "127.0.0.2", ready=False))
     async with running_app(make_settings(tmp_path, text)) as (_, client):
-        with_body = await client.exchange(
-            [headers(), body(json_body({"model": "m", "prompt": "x"}))]
-        )
+        with_body = await client.exchange(completion())
         no_body = await client.exchange([headers("/v1/models", method="GET", end_of_stream=True)])
     assert error_of(with_body[0])[0] == 503
     assert error_of(no_body[0])[0] == 503
@@ -228,7 +225,7 @@ async def test_v1_pool_passes_unknown_models(tmp_path: Path) -> None:
     """A v1 InferencePool routes any model."""
     text = pool_yaml(pool(api=V1), *PODS)
     async with running_app(make_settings(tmp_path, text)) as (_, client):
-        out = await client.exchange([headers(), body(json_body({"model": "any", "prompt": "x"}))])
+        out = await client.exchange(completion("any"))
     assert lb_metadata(out[0]) in ENDPOINTS
 
 
@@ -237,7 +234,7 @@ async def test_fallback_endpoints_listed(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, BASIC)
     settings = replace(settings, scheduling=replace(settings.scheduling, max_fallback_endpoints=1))
     async with running_app(settings) as (_, client):
-        out = await client.exchange([headers(), body(json_body({"model": "m", "prompt": "x"}))])
+        out = await client.exchange(completion())
     destination = lb_metadata(out[0])
     assert set(destination.split(",")) == ENDPOINTS
     assert (
@@ -276,8 +273,7 @@ async def test_buffered_response_goes_back_unchanged(tmp_path: Path) -> None:
     async with running_app(make_settings(tmp_path, BASIC)) as (_, client):
         out = await client.exchange(
             [
-                headers(request_mode=FULL_DUPLEX, response_mode=BUFFERED),
-                body(json_body({"model": "m", "prompt": "x"})),
+                *completion(request_mode=FULL_DUPLEX, response_mode=BUFFERED),
                 response_headers(),
                 response_body(b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2}}'),
             ]
@@ -384,7 +380,7 @@ async def test_unexpected_exception_is_a_json_500(tmp_path: Path) -> None:
             raise RuntimeError("boom")
 
         app.datastore.endpoint_states = broken  # type: ignore[method-assign]
-        out = await client.exchange([headers(), body(json_body({"model": "m", "prompt": "x"}))])
+        out = await client.exchange(completion())
     status, error = error_of(out[0])
     assert (status, error["error"]["type"]) == (500, "Internal")
     assert "boom" not in error["error"]["message"]

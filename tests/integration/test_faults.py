@@ -15,10 +15,8 @@ import structlog
 from aiohttp import web
 from tests.support.extproc import (
     Client,
-    body,
+    completion,
     error_of,
-    headers,
-    json_body,
     lb_metadata,
     make_settings,
     response_body,
@@ -29,8 +27,6 @@ from tests.support.model_servers import free_port, vllm_metrics
 from tests.support.pool import model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
-
-RAW = json_body({"model": "m", "prompt": "hello"})
 
 
 @dataclass
@@ -87,10 +83,10 @@ def captured_logs() -> Iterator[list[dict[str, object]]]:
         yield logs
 
 
-async def route(client: Client, raw: bytes = RAW) -> tuple[str, float]:
+async def route(client: Client) -> tuple[str, float]:
     """The endpoint a request is routed to, and how long routing took."""
     started = time.monotonic()
-    out = await client.exchange([headers(), body(raw)])
+    out = await client.exchange(completion("m", "hello"))
     return lb_metadata(out[0]), time.monotonic() - started
 
 
@@ -168,9 +164,7 @@ async def test_a_pod_that_leaves_mid_response_finishes_its_stream(tmp_path: Path
     assert pool_file is not None
     async with running_app(settings) as (app, client):
         for change in ("unready", "deleted"):
-            call = client.stub.Process()
-            await call.write(headers())
-            await call.write(body(RAW))
+            call = await client.open(completion("m", "hello"))
             first = await call.read()
             chosen = lb_metadata(first)
             await call.read()  # the body chunk that follows the routed headers
@@ -228,7 +222,7 @@ async def test_pool_file_rewritten_renamed_truncated_and_deleted_under_load(
 
     async def load(client: Client) -> None:
         while not stop.is_set():
-            out = await client.exchange([headers(), body(RAW)])
+            out = await client.exchange(completion("m", "hello"))
             if out[0].HasField("immediate_response"):
                 failures.append(str(error_of(out[0])))
             else:

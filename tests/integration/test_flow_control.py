@@ -12,12 +12,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from tests.support.extproc import (
     Client,
-    body,
+    completion,
     error_of,
-    headers,
-    json_body,
     lb_metadata,
     make_settings,
     running_app,
@@ -83,17 +82,13 @@ async def flow_app(
             yield app, client, servers
 
 
-def request(model_name: str) -> list[object]:
-    return [headers(), body(json_body({"model": model_name, "prompt": "hello"}))]
-
-
 def scraped(app: App) -> bool:
     states = app.datastore.endpoint_states()
     return len(states) == 2 and all(s.metrics.updated_at > 0 for s in states)
 
 
 async def send(client: Client, model_name: str, order: list[str]) -> str:
-    out = await client.exchange(request(model_name))  # type: ignore[arg-type]
+    out = await client.exchange(completion(model_name, "hello"))
     if out[0].HasField("immediate_response"):
         status, _ = error_of(out[0])
         order.append(f"{model_name}:{status}")
@@ -143,7 +138,7 @@ async def test_waiting_requests_leave_by_priority_when_the_pool_has_room(tmp_pat
 
 async def test_a_waiting_request_times_out_with_503(tmp_path: Path) -> None:
     async with flow_app(tmp_path) as (_, client, _servers):
-        out = await asyncio.wait_for(client.exchange(request("std")), 5)  # type: ignore[arg-type]
+        out = await asyncio.wait_for(client.exchange(completion("std", "hello")), 5)
         status, payload = error_of(out[0])
         assert status == 503
         assert "timed out in queue" in payload["error"]["message"]
@@ -158,7 +153,7 @@ async def test_a_client_that_goes_away_leaves_no_queued_request_and_no_task(
         assert app.flow is not None
         before = {t for t in asyncio.all_tasks() if not t.done()}
         call = client.stub.Process()
-        for message in request("crit"):
+        for message in completion("crit", "hello"):
             await call.write(message)
         await until(lambda: app.flow is not None and app.flow.waiting == 1)
         call.cancel()
@@ -220,11 +215,8 @@ async def test_a_subset_hinted_request_waits_for_its_own_endpoint_without_holdin
         flow = app.flow
         servers[0].metrics_text = BUSY
         await until(lambda: app.datastore.endpoint_states()[0].metrics.waiting_queue_size == 50)
-        hinted_messages = [
-            headers(subset=[servers[0].hostport]),
-            body(json_body({"model": "std", "prompt": "pinned"})),
-        ]
-        hinted = asyncio.create_task(client.exchange(hinted_messages))  # type: ignore[arg-type]
+        hinted_messages = completion("std", "pinned", subset=[servers[0].hostport])
+        hinted = asyncio.create_task(client.exchange(hinted_messages))
         await until(lambda: flow.waiting == 1)
         free = await asyncio.wait_for(send(client, "std", []), 5)
         assert free == servers[1].hostport  # went past the waiting, hinted request
@@ -248,10 +240,9 @@ async def test_requests_that_expired_or_went_away_leave_nothing_in_the_epp(
         flow = app.flow
         prompt = "x" * (256 * 1024)
 
-        def large(i: int) -> list[object]:
+        def large(i: int) -> list[pb.ProcessingRequest]:
             fairness = {"x-gateway-inference-fairness-id": f"tenant-{i}"}
-            payload = json_body({"model": "std", "prompt": prompt})
-            return [headers(extra=fairness), body(payload)]
+            return completion("std", prompt, extra=fairness)
 
         calls = []
         for i in range(5):  # these clients go away while their requests wait
@@ -264,7 +255,7 @@ async def test_requests_that_expired_or_went_away_leave_nothing_in_the_epp(
         for call in calls:
             call.cancel()
         await until(lambda: flow.waiting == 0)
-        expiring = [asyncio.create_task(client.exchange(large(i))) for i in range(10)]  # type: ignore[arg-type]
+        expiring = [asyncio.create_task(client.exchange(large(i))) for i in range(10)]
         await until(lambda: flow.waiting == 10)
         assert flow.flows == 10
         outs = await asyncio.wait_for(asyncio.gather(*expiring), 5)
@@ -287,8 +278,7 @@ async def test_only_an_ascii_expected_timeout_shortens_a_wait(tmp_path: Path) ->
         async def waited(header: str) -> tuple[int, float]:
             start = loop.time()
             extra = {"x-envoy-expected-rq-timeout-ms": header}
-            raw = json_body({"model": "std", "prompt": "hello"})
-            out = await client.exchange([headers(extra=extra), body(raw)])
+            out = await client.exchange(completion("std", "hello", extra=extra))
             status, payload = error_of(out[0])
             assert "timed out in queue" in payload["error"]["message"]
             return status, loop.time() - start

@@ -9,10 +9,9 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from tests.support.extproc import (
     Client,
-    body,
+    completion,
     error_of,
     headers,
-    json_body,
     make_settings,
     running_app,
 )
@@ -87,13 +86,12 @@ async def test_pool_edit_marking_every_pod_not_ready_serves_503(tmp_path: Path) 
     """A complete pool file that marks every pod NotReady applies: requests and /health get
     503 at once (nothing goes to pods the file calls unready); marked Ready again, they route."""
     settings = make_settings(tmp_path, READY, reload_settle_time=0.05)
-    completion = [headers(), body(json_body({"model": "m", "prompt": "x"}))]
     async with running_app(settings) as (app, client):
         assert (await health(client)).status.code == 200
         assert settings.pool.pool_file is not None
         settings.pool.pool_file.write_text(UNREADY)
         await until(lambda: not app.datastore.endpoints)
-        status, error = error_of((await client.exchange(completion))[0])
+        status, error = error_of((await client.exchange(completion()))[0])
         assert (status, error["error"]["message"]) == (503, "no ready endpoint in the pool")
         assert (await health(client)).status.code == 503
         settings.pool.pool_file.write_text(READY)

@@ -8,11 +8,9 @@ import pytest
 from tests.support.extproc import (
     FakeClock,
     all_scraped_at,
-    body,
+    completion,
     error_of,
     fleet_settings,
-    headers,
-    json_body,
     lb_metadata,
     wait_for_metrics,
 )
@@ -38,7 +36,7 @@ def settings_for(
 
 
 async def pick(client, model_name: str = "crit") -> str:  # type: ignore[no-untyped-def]
-    out = await client.exchange([headers(), body(json_body({"model": model_name, "prompt": "x"}))])
+    out = await client.exchange(completion(model_name))
     return lb_metadata(out[0])
 
 
@@ -102,9 +100,7 @@ async def test_shedding_by_criticality(tmp_path: Path) -> None:
         async with _running_app(settings_for(tmp_path, servers), clock=clock) as (app, client):
             await wait_for_metrics(app, all_scraped_at(clock))
             assert await pick(client, "crit")
-            out = await client.exchange(
-                [headers(), body(json_body({"model": "shed", "prompt": "x"}))]
-            )
+            out = await client.exchange(completion("shed"))
             status, error = error_of(out[0])
             assert (status, error["error"]["type"]) == (429, "ResourceExhausted")
             servers[2].metrics_text = vllm_metrics(waiting=0, kv=0.1)

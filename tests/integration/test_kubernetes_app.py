@@ -10,7 +10,12 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tests.support.extproc import Client, body, headers, json_body, lb_metadata, started_app
+from tests.support.extproc import (
+    Client,
+    completion,
+    lb_metadata,
+    started_app,
+)
 from tests.support.kubeapi import FakeKubeApi, serve_kube_api
 from tests.support.metrics_auth import kubernetes_settings
 from tests.support.model_servers import fake_model_servers
@@ -61,9 +66,7 @@ async def route_forever(client: Client, out: list[Routed], worker: int) -> None:
     for n in itertools.count():
         sent = loop.time()
         prompt = f"worker {worker} request {n}: a prompt of its own"
-        reply = await client.exchange(
-            [headers(), body(json_body({"model": "base", "prompt": prompt}))]
-        )
+        reply = await client.exchange(completion("base", prompt))
         out.append(Routed(sent, lb_metadata(reply[0])))
 
 

@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.extproc import (
     body,
+    completion,
     headers,
     json_body,
     lb_metadata,
@@ -19,7 +20,7 @@ from tests.support.extproc import (
     started_app,
 )
 from tests.support.polling import until
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD, model, pod, pool, pool_yaml
 
 from endpoint_picker.app import App
 from endpoint_picker.extproc.tls import self_signed_certificate
@@ -40,28 +41,27 @@ async def _eventually(check, within: float = 5.0) -> None:  # type: ignore[no-un
 
 async def test_pool_file_edit_applies_and_bad_edit_keeps_last_good(tmp_path: Path) -> None:
     """An edit takes effect within a second; an invalid edit keeps the last good state."""
-    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    settings = make_settings(tmp_path, ONE_POD)
     pool_file = settings.pool.pool_file
     assert pool_file is not None
-    raw = json_body({"model": "m", "prompt": "x"})
     async with running_app(settings) as (_, client):
         pool_file.write_text(pool_yaml(pool(), model("m"), pod("b", "127.0.0.3")))
 
         async def moved() -> bool:
-            out = await client.exchange([headers(), body(raw)])
+            out = await client.exchange(completion())
             return lb_metadata(out[0]) == "127.0.0.3:8000"
 
         await _eventually(moved, within=1.5)
         for bad in (b"kind: InferenceModel\napiVersion: nope\n", b"\xff\xfe not text"):
             pool_file.write_bytes(bad)
             await asyncio.sleep(0.3)
-            out = await client.exchange([headers(), body(raw)])
+            out = await client.exchange(completion())
             assert lb_metadata(out[0]) == "127.0.0.3:8000"
         # the watch survived the bad edits: a good one still applies
         pool_file.write_text(pool_yaml(pool(), model("m"), pod("c", "127.0.0.4")))
 
         async def moved_again() -> bool:
-            out = await client.exchange([headers(), body(raw)])
+            out = await client.exchange(completion())
             return lb_metadata(out[0]) == "127.0.0.4:8000"
 
         await _eventually(moved_again, within=1.5)
@@ -69,12 +69,9 @@ async def test_pool_file_edit_applies_and_bad_edit_keeps_last_good(tmp_path: Pat
 
 async def test_refused_empty_pool_shows_in_metrics_and_healthz(tmp_path: Path) -> None:
     """A pool file emptied by mistake keeps routing; /metrics and /healthz say it was refused."""
-    settings = make_settings(
-        tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")), reload_settle_time=0.1
-    )
+    settings = make_settings(tmp_path, ONE_POD, reload_settle_time=0.1)
     pool_file = settings.pool.pool_file
     assert pool_file is not None
-    raw = json_body({"model": "m", "prompt": "x"})
     async with running_app(settings) as (app, client), aiohttp.ClientSession() as session:
         base = f"http://127.0.0.1:{app.ports.metrics}"
         pool_file.write_text(pool_yaml(pool(), model("m")))
@@ -90,7 +87,7 @@ async def test_refused_empty_pool_shows_in_metrics_and_healthz(tmp_path: Path) -
         async with session.get(f"{base}/healthz") as reply:
             assert reply.status == 200  # still ready: the last good pool serves
             assert "refused" in await reply.text()
-        out = await client.exchange([headers(), body(raw)])
+        out = await client.exchange(completion())
         assert lb_metadata(out[0]) == "127.0.0.2:8000"
 
 
@@ -125,7 +122,7 @@ async def test_tls_ext_proc_with_generated_certificate(tmp_path: Path) -> None:
     key, cert = self_signed_certificate()
     (tmp_path / "tls.key").write_bytes(key)
     (tmp_path / "tls.crt").write_bytes(cert)
-    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    settings = make_settings(tmp_path, ONE_POD)
     settings = replace(
         settings, server=replace(settings.server, secure_serving=True, cert_path=tmp_path)
     )
@@ -151,7 +148,7 @@ async def test_drain_finishes_open_streams_refuses_new_ones_and_reports_not_serv
     tmp_path: Path,
 ) -> None:
     """While draining: health says NOT_SERVING, new streams are refused, an open one finishes."""
-    settings = make_settings(tmp_path, pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")))
+    settings = make_settings(tmp_path, ONE_POD)
     async with running_app(settings) as (app, client):
         health_port = app.ports.health
         call = client.stub.Process()

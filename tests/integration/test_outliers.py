@@ -14,12 +14,9 @@ import aiohttp
 import grpc
 import orjson
 from tests.integration.test_flow_control import IDLE, flow_app
-from tests.integration.test_flow_control import request as flow_request
 from tests.support.extproc import (
     Client,
-    body,
-    headers,
-    json_body,
+    completion,
     lb_metadata,
     make_settings,
     response_body,
@@ -32,8 +29,6 @@ from tests.support.pool import model, pod, pool, pool_yaml
 from endpoint_picker.app import App
 from endpoint_picker.settings import OutlierSettings, Settings
 
-RAW = json_body({"model": "m", "prompt": "hello"})
-STANDARD = json_body({"model": "std", "prompt": "hello"})  # test_flow_control's pool
 BAD, GOOD = "127.0.0.2:8000", "127.0.0.3:8000"
 POOL = pool_yaml(
     pool(), model("m"), *(pod(f"p{i}", f"127.0.0.{i}") for i in range(2, 6))
@@ -57,12 +52,10 @@ async def request(
     subset: list[str],
     status: int = 200,
     served: str | None = None,
-    raw: bytes = RAW,
+    model_name: str = "m",
 ) -> str:
     """One request through the stream, answered with ``status``; the EPP's destination."""
-    call = client.stub.Process()
-    await call.write(headers(subset=subset))
-    await call.write(body(raw))
+    call = await client.open(completion(model_name, "hello", subset=subset))
     first = await call.read()
     destination = lb_metadata(first)  # type: ignore[arg-type]
     await call.write(response_headers(status=status, served=served))
@@ -133,9 +126,7 @@ async def test_a_client_hanging_up_ejects_nobody(tmp_path: Path) -> None:
     """Streams that end after routing without a response (the client left) are no failure."""
     async with running_app(settings_for(tmp_path)) as (app, client):
         for _ in range(10):
-            call = client.stub.Process()
-            await call.write(headers(subset=[BAD]))
-            await call.write(body(RAW))
+            call = await client.open(completion("m", "hello", subset=[BAD]))
             assert lb_metadata(await call.read()) == BAD  # type: ignore[arg-type]
             call.cancel()
         await asyncio.sleep(0.05)
@@ -156,15 +147,15 @@ async def test_an_ejected_idle_pod_is_no_room_for_flow_control(tmp_path: Path) -
         _busy, idle = servers
         idle.metrics_text = IDLE
         await until(lambda: app.datastore.metrics_of(idle.hostport).waiting_queue_size == 0)
-        for _ in range(5):  # its five 503s eject it
-            destination = await request(client, [idle.hostport], status=503, raw=STANDARD)
+        for _ in range(5):  # its five 503s eject it ("std": test_flow_control's pool)
+            destination = await request(client, [idle.hostport], status=503, model_name="std")
             assert destination == idle.hostport
         assert app.outliers is not None
         assert app.outliers.excluded() == {idle.hostport}
         flow = app.flow
         assert flow is not None
         decided = len(app.decisions.recent())
-        waiting = asyncio.create_task(client.exchange(flow_request("std")))  # type: ignore[arg-type]
+        waiting = asyncio.create_task(client.exchange(completion("std", "hello")))
         await until(lambda: flow.waiting == 1)
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from tests.integration.test_informed_scheduling import settings_for
-from tests.support.extproc import body, headers, json_body, lb_metadata, response_body
+from tests.support.extproc import completion, lb_metadata, response_body
 from tests.support.extproc import response_headers as response_headers_message
 from tests.support.extproc import running_app as _running_app
 from tests.support.kvevents import (
@@ -104,12 +104,7 @@ def hostport(app: App, address: str) -> str:
 
 async def route(client: Any, prompt: str) -> str:
     out = await client.exchange(
-        [
-            headers(),
-            body(json_body({"model": "crit", "prompt": prompt})),
-            response_headers_message(),
-            response_body(b"{}"),
-        ]
+        [*completion("crit", prompt), response_headers_message(), response_body(b"{}")]
     )
     return lb_metadata(out[0])
 

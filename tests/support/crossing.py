@@ -23,9 +23,7 @@ from types import FrameType
 from typing import Any
 
 from tests.support.extproc import (
-    body,
-    headers,
-    json_body,
+    completion,
     make_settings,
     response_body,
     response_headers,
@@ -34,8 +32,7 @@ from tests.support.extproc import (
 from tests.support.pool import model, pod, pool, pool_yaml
 
 MESSAGES = [
-    headers(),
-    body(json_body({"model": "m", "prompt": "hi"})),
+    *completion("m", "hi"),
     response_headers(),
     response_body(b'{"usage":{"prompt_tokens":1,"completion_tokens":2}}'),
 ]

@@ -67,6 +67,14 @@ def json_body(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
+def completion(
+    model: str = "m", prompt: str = "x", **header_options: Any
+) -> list[pb.ProcessingRequest]:
+    """A completion request as Envoy sends it: its headers (``header_options`` as ``headers``
+    takes them), then its whole JSON body."""
+    return [headers(**header_options), body(json_body({"model": model, "prompt": prompt}))]
+
+
 def response_headers(
     content_type: str = "application/json",
     served: str | None = None,
@@ -119,12 +127,17 @@ class Client:
         self.channel = channel
         self.stub = pb_grpc.ExternalProcessorStub(channel)
 
-    async def exchange(
-        self, messages: Iterable[pb.ProcessingRequest]
-    ) -> list[pb.ProcessingResponse]:
+    async def open(self, messages: Iterable[pb.ProcessingRequest]) -> grpc.aio.StreamStreamCall:
+        """A stream with ``messages`` written, left open for the test to read, write or end."""
         call = self.stub.Process()
         for message in messages:
             await call.write(message)
+        return call
+
+    async def exchange(
+        self, messages: Iterable[pb.ProcessingRequest]
+    ) -> list[pb.ProcessingResponse]:
+        call = await self.open(messages)
         await call.done_writing()
         return [r async for r in call]
 

@@ -96,3 +96,7 @@ def pod(
 
 def pool_yaml(*docs: Mapping[str, Any]) -> str:
     return yaml.safe_dump_all(list(docs), sort_keys=False)
+
+
+# The smallest pool that routes: model "m", served by one Ready pod ("a", 127.0.0.2:8000).
+ONE_POD = pool_yaml(pool(), model("m"), pod("a", "127.0.0.2"))

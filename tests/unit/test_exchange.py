@@ -13,7 +13,7 @@ from tests.support.extproc import (
     response_body,
     response_headers,
 )
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD
 
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.health import FailureKind
@@ -73,7 +73,7 @@ class Finishes:
 
 def build(**kwargs: Any) -> tuple[Director, Datastore]:
     store = Datastore()
-    store.apply(parse_pool_text(pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")), "t"))
+    store.apply(parse_pool_text(ONE_POD, "t"))
     parts = build_scheduling(
         None, settings=SchedulingSettings(), staleness_threshold=2.0, clock=lambda: 1.0
     )

@@ -22,44 +22,18 @@ if TYPE_CHECKING:
     )
 
 
-class Feed(Protocol):
-    """The root's view of what feeds its datastore, in the order it calls it."""
+class Feed(Source, Protocol):
+    """The root's view of what feeds its datastore: a source (the pool file or Kubernetes; in a
+    worker, its parent) and the scraping of the endpoints that source brings."""
 
     @property
     def scraper(self) -> ScrapeManager | None: ...
 
-    @property
-    def kubernetes(self) -> KubernetesSource | None: ...
-
-    @property
-    def elector(self) -> LeaderElector | None: ...
-
-    @property
-    def reviewer(self) -> KubernetesAccessReviewer | None:
-        """The Kubernetes client's token reviews (metrics-port auth), with that source."""
-
-    def load(self) -> None:
-        """Read the pool before anything serves; ``ConfigError`` if it is invalid."""
-
     async def start(self) -> None:
         """Start scraping what was loaded (and what comes later)."""
 
-    def tasks(self) -> list[NamedTask]: ...
-
-    async def serving(self) -> None:
-        """Every part serves: say readiness, where the source knows it now."""
-
     def refresh_interval(self) -> float:
         """Seconds between two scrapes of one endpoint now (the status page)."""
-
-    def note(self) -> str | None:
-        """Why a ready EPP serves an older state, if it does."""
-
-    async def release(self) -> None:
-        """The drain begins (the Lease goes to a standby)."""
-
-    async def close(self) -> None:
-        """After the background tasks ended: close the source's client, stop scraping."""
 
 
 class PoolFeed:

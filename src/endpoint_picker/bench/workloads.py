@@ -108,6 +108,18 @@ def _tokens(name: str, default: int, what: str, minimum: int = 1) -> Param:
     return Param(name, default, what, minimum)
 
 
+def _prefixed(
+    prompt: int, question: int, output: int, prompt_is: str = "the shared prefix"
+) -> tuple[Param, Param, Param]:
+    """The token counts of a request made of a system prompt, a question of its own and an
+    answer: the prefix workloads' shape."""
+    return (
+        _tokens("prompt_tokens", prompt, f"system prompt tokens ({prompt_is})"),
+        _tokens("question_tokens", question, "question tokens (unique per request)"),
+        _tokens("output_tokens", output, "output tokens per request"),
+    )
+
+
 _SKEW_HELP = "Zipf exponent of popularity: 0 uniform, 1 classic Zipf, higher hotter"
 
 _INFOS = (
@@ -117,9 +129,7 @@ _INFOS = (
         (
             _groups(200),
             Param("skew", 0.0, _SKEW_HELP, 0.0, 10.0),
-            _tokens("prompt_tokens", 4000, "system prompt tokens (the shared prefix)"),
-            _tokens("question_tokens", 50, "question tokens (unique per request)"),
-            _tokens("output_tokens", 150, "output tokens per request"),
+            *_prefixed(4000, 50, 150),
         ),
         builders.shared_prefix,
     ),
@@ -129,9 +139,7 @@ _INFOS = (
         (
             _groups(200, minimum=2),
             Param("hot_share", 0.5, "share of requests in the hot group", 0.0, 1.0),
-            _tokens("prompt_tokens", 4000, "system prompt tokens (the shared prefix)"),
-            _tokens("question_tokens", 50, "question tokens (unique per request)"),
-            _tokens("output_tokens", 150, "output tokens per request"),
+            *_prefixed(4000, 50, 150),
         ),
         builders.hot_prefix,
     ),
@@ -154,9 +162,7 @@ _INFOS = (
             Param("adapters", 8, "LoRA adapters served", 1),
             Param("skew", 1.0, _SKEW_HELP, 0.0, 10.0),
             Param("base_share", 0.2, "share of requests to the base model", 0.0, 1.0),
-            _tokens("prompt_tokens", 1000, "system prompt tokens, one per served name"),
-            _tokens("question_tokens", 100, "question tokens (unique per request)"),
-            _tokens("output_tokens", 300, "output tokens per request"),
+            *_prefixed(1000, 100, 300, "one per served name"),
         ),
         builders.multi_lora,
     ),
@@ -187,9 +193,7 @@ _INFOS = (
             Param("critical_share", 0.2, "share of requests to `critical`", 0.0, 1.0),
             Param("sheddable_share", 0.4, "share to `sheddable`; `standard` gets the rest", 0, 1),
             _groups(32),
-            _tokens("prompt_tokens", 2000, "system prompt tokens (the shared prefix)"),
-            _tokens("question_tokens", 100, "question tokens (unique per request)"),
-            _tokens("output_tokens", 300, "output tokens per request"),
+            *_prefixed(2000, 100, 300),
             Param(
                 "objective_ms",
                 0.0,

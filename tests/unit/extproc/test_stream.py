@@ -11,7 +11,7 @@ from tests.support.extproc import (
     response_body,
     response_headers,
 )
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD
 
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
@@ -55,7 +55,7 @@ def test_events_carry_the_epps_own_ids_never_the_clients() -> None:
     """Two streams sending the same x-request-id get two ids of the EPP's own: the routed and
     finished events carry those (each stream's the same at both ends), the client's id none."""
     store = Datastore()
-    store.apply(parse_pool_text(pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")), "t"))
+    store.apply(parse_pool_text(ONE_POD, "t"))
     parts = build_scheduling(
         None, settings=SchedulingSettings(), staleness_threshold=2.0, clock=lambda: 1.0
     )

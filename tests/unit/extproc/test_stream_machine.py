@@ -16,7 +16,7 @@ from tests.support.extproc import (
     response_body,
     response_headers,
 )
-from tests.support.pool import model, pod, pool, pool_yaml
+from tests.support.pool import ONE_POD
 
 from endpoint_picker.datastore import Datastore
 from endpoint_picker.datastore.sources.file import parse_pool_text
@@ -32,7 +32,7 @@ REQUEST = json_body({"model": "m", "prompt": "hi"})
 
 def director(*, session_tokens: bool = False) -> Director:
     store = Datastore()
-    store.apply(parse_pool_text(pool_yaml(pool(), model("m"), pod("a", "127.0.0.2")), "t"))
+    store.apply(parse_pool_text(ONE_POD, "t"))
     parts = build_scheduling(
         None, settings=SchedulingSettings(), staleness_threshold=2.0, clock=lambda: 1.0
     )
