@@ -42,9 +42,9 @@ class BoundedShareFilter:
     @classmethod
     def from_params(cls, name: str, params: Params, ctx: PluginContext) -> BoundedShareFilter:
         return cls(
-            params.number("slack", 0.15, minimum=0.0),
-            params.integer("window", 512, minimum=1),
-            ctx.inflight,
+            slack=params.number("slack", 0.15, minimum=0.0),
+            window=params.integer("window", 512, minimum=1),
+            inflight=ctx.inflight,
         )
 
     def filter(
