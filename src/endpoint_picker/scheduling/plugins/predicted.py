@@ -39,8 +39,10 @@ PLACEMENT_PREFERENCE = 0.05  # a new prefix's placed endpoint wins within 5% of 
 
 
 class PredictedLatencyScorer:
-    """``best cost / cost`` per endpoint, cost = predicted TTFT + ``tpotWeight`` x TPOT; with
-    an objective, endpoints predicted (P90) to meet it score in [0.5, 1], the others below."""
+    """``best cost / cost`` per endpoint, cost = predicted TTFT (at least the endpoint's
+    head-of-line wait) + (``tpotWeight`` + ``decodeWeight`` x a typical response's tokens) x
+    TPOT + ``othersWeight`` x the delay its prefill adds to the requests there; with an
+    objective, endpoints predicted (P90) to meet it score in [0.5, 1], the others below."""
 
     __slots__ = (
         "_clock", "_decode", "_head_wait", "_others", "_source", "_tpot_weight", "request_headers",
