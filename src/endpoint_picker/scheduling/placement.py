@@ -195,13 +195,12 @@ class RecentShares:
     the endpoints hold now, not a prefix placed an hour ago. One float per endpoint in the pool.
     """
 
-    __slots__ = ("_counts", "_decay", "_total", "_unit", "slack")
+    __slots__ = ("_counts", "_decay", "_unit", "slack")
 
     def __init__(self, slack: float = 0.1, decay: float = 1.0 / 256) -> None:
         self.slack = slack
         self._decay = decay
         self._counts: dict[str, float] = {}
-        self._total = 0.0
         self._unit = 1.0  # the weight of a placement now: grows instead of decaying the others
 
     def eligible(self, hostports: Sequence[str]) -> list[int]:
@@ -219,12 +218,10 @@ class RecentShares:
         self._unit /= 1.0 - self._decay
         if self._unit > 1e12:  # rescale before the floats lose their resolution
             self._counts = {h: c / self._unit for h, c in self._counts.items()}
-            self._total /= self._unit
             self._unit = 1.0
         self._counts[hostport] = self._counts.get(hostport, 0.0) + self._unit
-        self._total += self._unit
 
     def purge(self, keep: frozenset[str]) -> None:
         """Forget the endpoints that left the pool."""
         for gone in [h for h in self._counts if h not in keep]:
-            self._total -= self._counts.pop(gone)
+            del self._counts[gone]

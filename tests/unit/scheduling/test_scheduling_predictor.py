@@ -186,16 +186,17 @@ def test_head_wait_is_the_age_of_the_oldest_streamed_request_not_started() -> No
 
 
 def test_state_is_bounded() -> None:
-    """Requests that never finish are forgotten past REQUESTS_REMEMBERED (their work ahead
-    with them); endpoints that leave the pool are dropped."""
+    """Requests that never finish are forgotten past REQUESTS_REMEMBERED (their work ahead and
+    their place in the head-of-line queue with them); endpoints that leave the pool are dropped."""
     p = LatencyPredictor(Clock())
     x = (1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     for _ in range(REQUESTS_REMEMBERED + 50):
-        req = replace(request(), request_id=f"r{next(_ids)}")
+        req = replace(request(), request_id=f"r{next(_ids)}", stream=True)
         p.expect(req.request_id, {"e:1": (x, (1.0, 0.1, 0.0, 0.0))})
         p.on_routed(Routed(req, "e:1"))
     assert len(p._flights) == REQUESTS_REMEMBERED
     assert p.ahead("e:1") == (pytest.approx(float(REQUESTS_REMEMBERED)), REQUESTS_REMEMBERED)
+    assert len(p._queued["e:1"]) == REQUESTS_REMEMBERED
     p.predict("e:2", x, (1.0, 0.1, 0.0, 0.0))
     p.on_endpoints(frozenset({"e:2"}))
     assert p.ahead("e:1") == (0.0, 0)
